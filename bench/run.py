@@ -1,0 +1,64 @@
+"""`make bench`: run every benchmark and merge the figures into bench/results.json.
+
+The file is one flat JSON object of named figures, the unit in each name; keys from other
+benchmarks already in the file are kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench.concurrency import measure_concurrency
+from bench.health import measure_health
+from bench.prepare import measure_prepare
+from bench.slices import measure_slices
+from bench.soak import measure_soak
+from shared.config import LogSettings
+from shared.logging import configure as configure_logging
+
+__all__ = ["main"]
+
+
+async def _run(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="dra-bench-") as tmp:
+        figures = await measure_prepare(workdir=Path(tmp) / "prepare", iterations=args.iterations)
+        concurrent = await measure_concurrency(workdir=Path(tmp) / "concurrency")
+        health = await measure_health(workdir=Path(tmp) / "health")
+        slice_figures = await measure_slices(
+            workdir=Path(tmp) / "slices", steady_s=args.steady_s, changes=args.changes
+        )
+        soak = await measure_soak(workdir=Path(tmp) / "soak")
+    return {
+        **figures.as_results(),
+        **concurrent.as_results(),
+        **health.as_results(),
+        **slice_figures,
+        **soak,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="bench")
+    parser.add_argument("--out", type=Path, default=Path("bench/results.json"))
+    parser.add_argument("--iterations", type=int, default=300)
+    parser.add_argument(
+        "--steady-s", type=float, default=60.0, help="idle window for slice_steady_writes_60s"
+    )
+    parser.add_argument("--changes", type=int, default=50, help="hot-plugs timed for slices")
+    args = parser.parse_args()
+    configure_logging(LogSettings(level="warning", format="console"), service="bench")
+    results: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
+    results.update(asyncio.run(_run(args)))
+    results["bench_machine"] = f"{platform.machine()} {platform.python_version()}"
+    args.out.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    print(json.dumps(results, indent=2, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The allocation agent: the kubelet plugin gRPC front (registration, DRA, health stream)."""

@@ -1,0 +1,342 @@
+"""Crash-safe, versioned record of every claim this node prepared: one JSON file per claim UID.
+
+Compatibility rule: within `apiVersion: dra-suite.io/v1` changes are additive only. Readers
+ignore fields they do not know, and the checksum covers the whole document except itself, so old
+and new agents read each other's files. A breaking change needs a new apiVersion; an agent leaves
+a file of an apiVersion it does not know in place (it is not corrupt) and treats it as absent.
+A corrupt file (bad JSON, bad checksum, missing fields) is renamed `*.corrupt`, never fatal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import enum
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from services.allocation.group_commit import DirectoryGroupCommit
+from shared import atomicfile
+from shared.errors import CheckpointCorruptError, CheckpointWriteError, ProgrammingError
+
+__all__ = [
+    "API_VERSION",
+    "KIND",
+    "CheckpointStore",
+    "ClaimState",
+    "PreparedClaim",
+    "PreparedDevice",
+    "PreparedPartition",
+    "decode",
+    "encode",
+    "safe_uid",
+]
+
+log = structlog.get_logger(__name__)
+
+API_VERSION = "dra-suite.io/v1"
+KIND = "PreparedClaim"
+_SUFFIX = ".json"
+# Claim UIDs become file names: RFC 4122 in practice, never a path separator or a dot.
+_SAFE_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,127}")
+
+
+class ClaimState(enum.StrEnum):
+    PREPARE_STARTED = "PrepareStarted"
+    """The plan is stored; side effects (the CDI spec) may be partly done."""
+    PREPARE_COMPLETED = "PrepareCompleted"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PreparedDevice:
+    request_names: tuple[str, ...]
+    pool: str
+    device: str
+    cdi_device_ids: tuple[str, ...]
+    share_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PreparedPartition:
+    """A partition the claim needs (stored before it is made) and, once made, its identity."""
+
+    device: str
+    profile: str
+    partition_id: str = ""
+    """Empty until the partition manager made it."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PreparedClaim:
+    """The stored answer to NodePrepareResources for one claim, and what was written for it."""
+
+    uid: str
+    namespace: str
+    name: str
+    driver: str
+    state: ClaimState
+    devices: tuple[PreparedDevice, ...]
+    cdi_spec: Mapping[str, Any] | None = None
+    """The CDI spec written for the claim (regenerated from here if lost); None: no devices."""
+    device_configs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Request name -> the opaque DeviceConfig in force for it, normalised (`opaque.encode`)."""
+    partitions: tuple[PreparedPartition, ...] = ()
+    """Partitions made (or to make) for the claim; stored in PrepareStarted before any is
+    made, so that a crash never leaves one that no record names."""
+
+    def completed(self) -> PreparedClaim:
+        return replace(self, state=ClaimState.PREPARE_COMPLETED)
+
+
+def safe_uid(uid: str) -> bool:
+    return _SAFE_UID.fullmatch(uid) is not None
+
+
+def _checksum(document: Mapping[str, Any]) -> str:
+    body = {key: value for key, value in document.items() if key != "checksum"}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def encode(record: PreparedClaim) -> bytes:
+    document: dict[str, Any] = {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"uid": record.uid, "namespace": record.namespace, "name": record.name},
+        "driver": record.driver,
+        "state": str(record.state),
+        "devices": [_encode_device(d) for d in record.devices],
+        "cdiSpec": record.cdi_spec,
+    }
+    if record.device_configs:
+        # Additive within dra-suite.io/v1: older readers ignore it.
+        document["deviceConfigs"] = {k: dict(v) for k, v in record.device_configs.items()}
+    if record.partitions:
+        document["partitions"] = [
+            {"deviceName": p.device, "profile": p.profile, "partitionID": p.partition_id}
+            for p in record.partitions
+        ]
+    document["checksum"] = _checksum(document)
+    # Compact on purpose: `indent` would force the pure-Python encoder (~8x slower), and every
+    # prepare writes two records. `jq .` shows a file readably.
+    return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _encode_device(device: PreparedDevice) -> dict[str, Any]:
+    encoded: dict[str, Any] = {
+        "requestNames": list(device.request_names),
+        "poolName": device.pool,
+        "deviceName": device.device,
+        "cdiDeviceIDs": list(device.cdi_device_ids),
+    }
+    if device.share_id is not None:
+        encoded["shareID"] = device.share_id
+    return encoded
+
+
+def decode(data: bytes, *, path: Path) -> PreparedClaim:
+    """Parse and verify one file; raises CheckpointCorruptError for anything unreadable."""
+    try:
+        document = json.loads(data)
+        if not isinstance(document, dict):
+            raise TypeError("not a JSON object")
+        if document.get("checksum") != _checksum(document):
+            raise ValueError("checksum mismatch")
+        metadata = document["metadata"]
+        return PreparedClaim(
+            uid=str(metadata["uid"]),
+            namespace=str(metadata["namespace"]),
+            name=str(metadata["name"]),
+            driver=str(document["driver"]),
+            state=ClaimState(document["state"]),
+            devices=tuple(_decode_device(d) for d in document["devices"]),
+            cdi_spec=document.get("cdiSpec"),
+            device_configs=dict(document.get("deviceConfigs") or {}),
+            partitions=tuple(
+                PreparedPartition(
+                    device=str(p["deviceName"]),
+                    profile=str(p["profile"]),
+                    partition_id=str(p.get("partitionID", "")),
+                )
+                for p in document.get("partitions") or ()
+            ),
+        )
+    except (ValueError, TypeError, KeyError) as exc:
+        raise CheckpointCorruptError(f"checkpoint {path}: {exc}", path=str(path)) from exc
+
+
+def _decode_device(device: Mapping[str, Any]) -> PreparedDevice:
+    share_id = device.get("shareID")
+    return PreparedDevice(
+        request_names=tuple(str(n) for n in device["requestNames"]),
+        pool=str(device["poolName"]),
+        device=str(device["deviceName"]),
+        cdi_device_ids=tuple(str(i) for i in device["cdiDeviceIDs"]),
+        share_id=None if share_id is None else str(share_id),
+    )
+
+
+def _version_of(data: bytes) -> tuple[str, str] | None:
+    """(apiVersion, kind) when the file is a JSON object that has them, else None."""
+    try:
+        document = json.loads(data)
+    except ValueError:
+        return None
+    if not isinstance(document, dict):
+        return None
+    return str(document.get("apiVersion", "")), str(document.get("kind", ""))
+
+
+class CheckpointStore:
+    """All records of one node in memory, mirrored to `<directory>/<uid>.json`.
+
+    Callers serialise access per claim UID (the preparer's lock); writes of different claims go
+    to different files and may run concurrently, and then share directory fsyncs (group
+    commit): `put` and `delete` still return only once their own change is durable.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.commit = DirectoryGroupCommit(directory, store="checkpoint")
+        self._records: dict[str, PreparedClaim] = {}
+        self._uids_by_name: dict[tuple[str, str], set[str]] = {}
+        self._stamps: dict[str, tuple[int, int, int]] = {}
+        self.writes: collections.Counter[tuple[str, ClaimState]] = collections.Counter()
+        """Files written per (claim UID, state): proof that a claim was prepared once."""
+
+    def load(self) -> list[PreparedClaim]:
+        """Read every record at start; corrupt files are quarantined and skipped."""
+        atomicfile.make_dirs(self.directory, mode=0o700)
+        self._records.clear()
+        self._uids_by_name.clear()
+        self._stamps.clear()
+        for path in sorted(self.directory.glob(f"*{_SUFFIX}")):
+            record = self._load_one(path)
+            if record is not None:
+                self._remember(record)
+        log.info("checkpoint_loaded", directory=str(self.directory), claims=len(self._records))
+        return list(self._records.values())
+
+    def _load_one(self, path: Path) -> PreparedClaim | None:
+        data = path.read_bytes()
+        version = _version_of(data)
+        if version is not None and version[0] != API_VERSION and version[1] == KIND:
+            log.error("checkpoint_version_unsupported", path=str(path), api_version=version[0])
+            return None
+        try:
+            record = decode(data, path=path)
+        except CheckpointCorruptError as exc:
+            quarantined = path.with_name(path.name + ".corrupt")
+            path.replace(quarantined)
+            log.error("checkpoint_quarantined", path=str(quarantined), error=str(exc))
+            return None
+        if path.name != f"{record.uid}{_SUFFIX}":
+            log.error("checkpoint_misnamed", path=str(path), claim_uid=record.uid)
+            return None
+        return record
+
+    def sync(self) -> None:
+        """Re-read what other plugin instances changed; call it under the instance lock.
+
+        Files are replaced atomically, so a changed (inode, mtime, size) stamp means a new
+        version; unchanged files are not read again.
+        """
+        atomicfile.make_dirs(self.directory, mode=0o700)
+        stamps: dict[str, tuple[int, int, int]] = {}
+        for path in self.directory.glob(f"*{_SUFFIX}"):
+            uid = path.name.removesuffix(_SUFFIX)
+            try:
+                stat = path.stat()
+            except FileNotFoundError:
+                continue
+            stamp = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+            if self._stamps.get(uid) != stamp or uid not in self._records:
+                try:
+                    record = self._load_one(path)
+                except FileNotFoundError:
+                    record = None
+                if record is None:
+                    continue
+                self._remember(record)
+            stamps[uid] = stamp
+        for uid in set(self._records) - set(stamps):
+            self._forget(uid)
+        self._stamps = stamps
+
+    def remove_temporaries(self) -> list[Path]:
+        """Remove half-written records left by a crash (`.<uid>.json.tmp-<pid>`); at start only."""
+        removed = sorted(self.directory.glob(f".*{_SUFFIX}.tmp-*"))
+        for path in removed:
+            atomicfile.remove(path)
+        return removed
+
+    def uids_named(self, namespace: str, name: str) -> list[str]:
+        """UIDs of the records of the claim `namespace/name` (old and new incarnations)."""
+        return sorted(self._uids_by_name.get((namespace, name), ()))
+
+    def get(self, uid: str) -> PreparedClaim | None:
+        return self._records.get(uid)
+
+    def records(self) -> list[PreparedClaim]:
+        return list(self._records.values())
+
+    async def put(self, record: PreparedClaim, *, durable: bool = True) -> None:
+        """Write `record` atomically; when `durable`, return only once it survives a power
+        loss too. A record that is not durable is visible to this node's processes at once
+        (kill -9 keeps it) and may be lost, or read as corrupt and quarantined, after a
+        reboot."""
+        path = self._path(record.uid)
+        try:
+            if durable:
+                await self.commit.replace(path, encode(record))
+            else:
+                await asyncio.to_thread(
+                    atomicfile.write_and_rename, path, encode(record), sync=False
+                )
+        except OSError as exc:
+            raise CheckpointWriteError(
+                f"prepare claim {record.uid}: writing checkpoint {path}: {exc}",
+                claim_uid=record.uid,
+            ) from exc
+        self._remember(record)
+        self.writes[(record.uid, record.state)] += 1
+
+    async def delete(self, uid: str) -> None:
+        path = self._path(uid)
+        try:
+            await self.commit.remove(path)
+        except OSError as exc:
+            raise CheckpointWriteError(
+                f"unprepare claim {uid}: removing checkpoint {path}: {exc}", claim_uid=uid
+            ) from exc
+        self._forget(uid)
+        # Counted per claim lifetime only: a long-running agent must not grow per claim seen.
+        for state in ClaimState:
+            self.writes.pop((uid, state), None)
+
+    def _remember(self, record: PreparedClaim) -> None:
+        self._forget(record.uid)
+        self._records[record.uid] = record
+        self._uids_by_name.setdefault((record.namespace, record.name), set()).add(record.uid)
+
+    def _forget(self, uid: str) -> None:
+        record = self._records.pop(uid, None)
+        if record is None:
+            return
+        key = (record.namespace, record.name)
+        uids = self._uids_by_name.get(key, set())
+        uids.discard(uid)
+        if not uids:
+            self._uids_by_name.pop(key, None)
+
+    def _path(self, uid: str) -> Path:
+        if not safe_uid(uid):
+            raise ProgrammingError(f"claim uid {uid!r} is not safe as a file name")
+        return self.directory / f"{uid}{_SUFFIX}"

@@ -1,0 +1,58 @@
+"""The allocation agent's metrics: per-claim prepare/unprepare latency by outcome, and the
+number of prepared claims. Exposed at the agent's /metrics (shared/metrics.py)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TypeVar
+
+from opentelemetry.metrics import CallbackOptions, Histogram, Observation
+
+from shared import metrics
+
+__all__ = ["PREPARE_SECONDS", "UNPREPARE_SECONDS", "observe_prepared_claims", "timed"]
+
+T = TypeVar("T")
+_meter = metrics.meter("dra.allocation")
+# From a repeat prepare (sub-millisecond) to a prepare near the kubelet's 45 s deadline.
+_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 45)
+
+PREPARE_SECONDS = _meter.create_histogram(
+    "dra_prepare_duration",
+    unit="s",
+    description="Time to prepare one claim (NodePrepareResources), by outcome.",
+    explicit_bucket_boundaries_advisory=_BUCKETS_S,
+)
+UNPREPARE_SECONDS = _meter.create_histogram(
+    "dra_unprepare_duration",
+    unit="s",
+    description="Time to unprepare one claim (NodeUnprepareResources), by outcome.",
+    explicit_bucket_boundaries_advisory=_BUCKETS_S,
+)
+
+
+async def timed(histogram: Histogram, step: Awaitable[T]) -> T:
+    """Await one claim's step and record its duration with outcome ok or error."""
+    start = time.perf_counter()
+    outcome = "error"
+    try:
+        result = await step
+        outcome = "ok"
+        return result
+    finally:
+        histogram.record(time.perf_counter() - start, {"outcome": outcome})
+
+
+def observe_prepared_claims(count: Callable[[], int]) -> None:
+    """Report `count()` as the prepared-claims gauge at every scrape."""
+
+    def observe(_: CallbackOptions) -> Iterable[Observation]:
+        yield Observation(count())
+
+    _meter.create_observable_gauge(
+        "dra_prepared_claims",
+        callbacks=[observe],
+        unit="1",
+        description="Claims with a prepare record in the checkpoint.",
+    )

@@ -1,0 +1,87 @@
+"""The last inventory of this node that the allocation agent saw, kept in memory and on disk.
+
+A prepare never waits on NATS: it resolves devices against this cache. The copy on disk
+(`inventory.pb`, binary protobuf) lets a restarted agent prepare while NATS is still down.
+Only the inventory watcher writes here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import structlog
+
+from shared import atomicfile
+from shared.bus import codec
+from shared.errors import MalformedMessageError
+from shared.pb.drasuite.v1 import inventory_pb2
+
+__all__ = ["InventoryCache"]
+
+log = structlog.get_logger(__name__)
+
+
+class InventoryCache:
+    def __init__(self, path: Path, *, driver: str, node: str) -> None:
+        self.path = path
+        self.driver = driver
+        self.node = node
+        self._inventory: inventory_pb2.Inventory | None = None
+        self._encoded = b""
+
+    @property
+    def current(self) -> inventory_pb2.Inventory | None:
+        return self._inventory
+
+    def device_names(self) -> list[str]:
+        return [device.name for device in self._inventory.devices] if self._inventory else []
+
+    def load(self) -> None:
+        """Read the copy on disk, if any; an unreadable copy is ignored (NATS will refill)."""
+        # A killed writer's temp copy; another instance (rolling update) may be writing right
+        # now, so only copies older than any write could take.
+        for leftover in atomicfile.remove_temporaries(self.path, older_than_s=60):
+            log.warning("temporary_file_removed", path=str(leftover))
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return
+        try:
+            inventory = codec.decode(inventory_pb2.Inventory, data, subject=str(self.path))
+        except MalformedMessageError as exc:
+            log.error("inventory_copy_unreadable", path=str(self.path), error=str(exc))
+            return
+        if self._accept(inventory):
+            self._inventory, self._encoded = inventory, codec.encode(inventory)
+            log.info("inventory_loaded", devices=len(inventory.devices), source="disk")
+
+    async def update(self, inventory: inventory_pb2.Inventory) -> bool:
+        """Adopt `inventory` and persist it; returns False when nothing changed or it is foreign."""
+        if not self._accept(inventory):
+            return False
+        encoded = codec.encode(inventory)
+        if encoded == self._encoded:
+            return False
+        # Disk first, memory second: once an inventory is served it also survives a restart.
+        try:
+            await asyncio.to_thread(atomicfile.write_atomic, self.path, encoded)
+        except OSError as exc:
+            # Serving from memory still works; only a restart with NATS down would suffer.
+            log.warning("inventory_persist_failed", path=str(self.path), error=str(exc))
+        self._inventory, self._encoded = inventory, encoded
+        log.info(
+            "inventory_updated", devices=len(inventory.devices), generation=inventory.generation
+        )
+        return True
+
+    def _accept(self, inventory: inventory_pb2.Inventory) -> bool:
+        if inventory.driver == self.driver and inventory.node == self.node:
+            return True
+        log.warning(
+            "inventory_ignored",
+            reason="foreign driver or node",
+            driver=inventory.driver[:64],
+            node=inventory.node[:64],
+        )
+        return False

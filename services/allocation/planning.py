@@ -1,0 +1,165 @@
+"""What preparing a claim means on this node, computed without side effects (pure).
+
+`plan()` turns an allocated claim, the node's inventory and the claim's opaque configs into the
+stored answer (`PreparedClaim`): devices, CDI IDs, the CDI spec and the configs in force. It may
+run twice for one claim (a retry after a crash) and gives the same answer both times: the CDI
+IDs depend on the claim alone. The container edits are the backend's (`cdi_edits`).
+
+A claim whose config asks for partitions, or that got an option made on demand (a MIG
+placement flagged `createdOnDemand`), is planned twice: first without them (the record then
+names the partitions to make and has no spec yet), then, once the partition manager has made
+them, with them (`partitions`, by the allocated device's name), which yields the spec naming
+each partition. An option's partition is named by the option (its profile, not a config's);
+a config that also sets `partition.profile` for it fails the claim.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from services.allocation import cdi, opaque
+from services.allocation.cdi_edits import CLAIM_UID_ENV, DEVICES_ENV, DeviceUse, claim_edits
+from services.allocation.checkpoint import (
+    ClaimState,
+    PreparedClaim,
+    PreparedDevice,
+    PreparedPartition,
+)
+from services.allocation.claims import AllocatedClaim, DeviceResult
+from services.allocation.partitions import Partition, on_demand_option
+from shared.errors import ClaimError, DeviceNotAllocatableError, InvalidOpaqueConfigError
+from shared.pb.drasuite.v1 import inventory_pb2
+
+__all__ = ["CLAIM_UID_ENV", "DEVICES_ENV", "find_device", "plan"]
+
+
+def plan(
+    claim: AllocatedClaim,
+    inventory: inventory_pb2.Inventory | None,
+    *,
+    driver: str,
+    partitions: Mapping[str, Partition] | None = None,
+) -> PreparedClaim:
+    """What preparing `claim` means on this node; pure, raises the claim's error.
+
+    `partitions` are the partitions made for the claim, by device name. When the configs ask
+    for partitions that are not all there, the record has `cdi_spec=None` and lists them.
+    """
+    ref = claim.ref
+    resolved = [
+        (result, find_device(inventory, result.device, claim_uid=ref.uid, pool=result.pool))
+        for result in claim.results
+    ]
+    requests = list(dict.fromkeys(result.request for result, _ in resolved))
+    configs = opaque.resolve(claim.configs, requests, driver=driver, claim_uid=ref.uid)
+    made = partitions or {}
+    wanted = _partitions_wanted(resolved, configs, made, claim_uid=ref.uid)
+    spec = None
+    if resolved and all(p.partition_id for p in wanted):
+        spec = _spec(claim, resolved, configs, made, driver=driver, backend=_backend(inventory))
+    return PreparedClaim(
+        uid=ref.uid,
+        namespace=ref.namespace,
+        name=ref.name,
+        driver=driver,
+        state=ClaimState.PREPARE_STARTED,
+        devices=tuple(_prepared_device(ref.uid, result, driver=driver) for result, _ in resolved),
+        cdi_spec=spec,
+        device_configs={
+            request: opaque.encode(config, driver=driver) for request, config in configs.items()
+        },
+        partitions=wanted,
+    )
+
+
+def _prepared_device(claim_uid: str, result: DeviceResult, *, driver: str) -> PreparedDevice:
+    """The answer for one result; its CDI ID depends on the claim alone (never on partitions)."""
+    name = cdi.device_name(claim_uid, result.device, result.share_id)
+    return PreparedDevice(
+        request_names=(result.request,),
+        pool=result.pool,
+        device=result.device,
+        share_id=result.share_id,
+        cdi_device_ids=(cdi.device_id(driver, name),),
+    )
+
+
+def _backend(inventory: inventory_pb2.Inventory | None) -> str:
+    return inventory.backend if inventory is not None else ""
+
+
+def _spec(
+    claim: AllocatedClaim,
+    resolved: list[tuple[DeviceResult, inventory_pb2.Device]],
+    configs: Mapping[str, opaque.DeviceConfig],
+    partitions: Mapping[str, Partition],
+    *,
+    driver: str,
+    backend: str,
+) -> dict[str, object]:
+    uid = claim.ref.uid
+    uses = [
+        DeviceUse(
+            request=result.request,
+            device=device,
+            share_id=result.share_id,
+            consumed=result.consumed_capacity,
+            partition=partitions.get(device.name),
+        )
+        for result, device in resolved
+    ]
+    edits = claim_edits(backend=backend, claim_uid=uid, uses=uses, configs=configs)
+    spec = cdi.build_spec(driver=driver, devices=edits.devices, common_nodes=edits.common_nodes)
+    if problems := cdi.validate(spec):
+        raise ClaimError(
+            f"prepare claim {uid}: invalid CDI spec: {'; '.join(problems)}", claim_uid=uid
+        )
+    return spec
+
+
+def _partitions_wanted(
+    resolved: list[tuple[DeviceResult, inventory_pb2.Device]],
+    configs: Mapping[str, opaque.DeviceConfig],
+    made: Mapping[str, Partition],
+    *,
+    claim_uid: str,
+) -> tuple[PreparedPartition, ...]:
+    """One partition per device whose request's config names a profile (shares included), and
+    one per option made on demand, of the option's profile."""
+    wanted: dict[str, PreparedPartition] = {}
+    for result, device in resolved:
+        config = configs.get(result.request)
+        configured = config.partition_profile if config is not None else None
+        option = on_demand_option(device, claim_uid=claim_uid)
+        if option is not None and configured is not None:
+            raise InvalidOpaqueConfigError(
+                f"prepare claim {claim_uid}: device {device.name} is a {option.profile} "
+                f"partition made on demand; request {result.request} must not also set "
+                f"partition.profile ({configured})",
+                claim_uid=claim_uid,
+                field="partition.profile",
+            )
+        profile = option.profile if option is not None else configured
+        if profile is None or result.device in wanted:
+            continue
+        partition = made.get(result.device)
+        wanted[result.device] = PreparedPartition(
+            device=result.device,
+            profile=profile,
+            partition_id=partition.id if partition is not None else "",
+        )
+    return tuple(wanted.values())
+
+
+def find_device(
+    inventory: inventory_pb2.Inventory | None, name: str, *, claim_uid: str, pool: str
+) -> inventory_pb2.Device:
+    """The inventory device `name`; an unknown device fails the claim."""
+    for device in inventory.devices if inventory is not None else ():
+        if device.name == name:
+            return device
+    raise DeviceNotAllocatableError(
+        f"prepare claim {claim_uid}: device {name} is not in the inventory of pool {pool}",
+        claim_uid=claim_uid,
+        device=name,
+    )

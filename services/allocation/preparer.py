@@ -1,0 +1,432 @@
+"""ClaimPreparer: NodePrepareResources/NodeUnprepareResources semantics, claim by claim.
+
+Per claim UID one lock (claims of a batch run concurrently); with rolling updates also the
+instance lock (`serialize.InstanceLock`), under which the checkpoint is re-read from disk, since
+another instance may have changed it. The checkpoint is read first, so a repeated prepare
+returns the stored answer. `planning.plan()` computes what a claim needs (pure; may run twice);
+only then come the side effects, in a crash-safe order: checkpoint PrepareStarted and CDI spec
+-> checkpoint PrepareCompleted (fsynced before the kubelet is answered). A claim that asks for
+partitions stores PrepareStarted (naming them) first, then has the partition manager make them
+(idempotent by claim UID and device), then plans its spec with them; an option made on demand is
+made as a partition of its parent at its own placement. Unprepare removes the CDI spec, then the
+claim's partitions, then the checkpoint; unknown claims unprepare cleanly. A UID prepared under
+one claim name is refused under another. At start, partitions that no record names are orphans
+(a quarantined record) and are removed. A claim recreated under the same name (new UID) waits,
+bounded, until the preparation of the old UID is unprepared (CONTRACTS 10).
+
+Fault-injection seam: `crash_at` names a step (`config.CRASH_STEPS`) at which the process exits
+at once with code 137, as a kill -9 would; the kill -9 tests set it through `cli` only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator, Coroutine, Sequence
+from typing import Any, Protocol, TypeVar
+
+import structlog
+
+from services.allocation import instruments
+from services.allocation.cdi import CDIWriter
+from services.allocation.checkpoint import (
+    CheckpointStore,
+    ClaimState,
+    PreparedClaim,
+    PreparedPartition,
+    safe_uid,
+)
+from services.allocation.claims import AllocatedClaim, ClaimRef
+from services.allocation.partitions import Partition, PartitionManager, on_demand_option
+from services.allocation.planning import CLAIM_UID_ENV, DEVICES_ENV, find_device, plan
+from services.allocation.serialize import InstanceLock
+from shared import telemetry
+from shared.errors import ClaimError, ClaimUIDMismatchError
+from shared.pb.drasuite.v1 import inventory_pb2
+
+__all__ = [
+    "CLAIM_UID_ENV",
+    "CRASH_EXIT_CODE",
+    "DEVICES_ENV",
+    "ClaimPreparer",
+    "ClaimSource",
+    "InventorySource",
+    "plan",
+]
+
+log = structlog.get_logger(__name__)
+tracer = telemetry.tracer(__name__)
+T = TypeVar("T")
+
+CRASH_EXIT_CODE = 137
+"""What the fault-injection seam exits with: the status of a process killed by SIGKILL."""
+_POLL_S = 0.05
+"""How often a bounded wait (a replaced claim's unprepare, the first inventory) looks again."""
+
+
+class ClaimSource(Protocol):
+    """Where allocated claims come from (the API server through `claims.ClaimReader`)."""
+
+    async def read(self, ref: ClaimRef) -> AllocatedClaim: ...
+
+
+class InventorySource(Protocol):
+    """The last inventory of this node, or None before the first one arrived."""
+
+    @property
+    def current(self) -> inventory_pb2.Inventory | None: ...
+
+
+class _KeyedLocks:
+    """One asyncio.Lock per key, dropped when nobody holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+
+class ClaimPreparer:
+    def __init__(
+        self,
+        *,
+        claims: ClaimSource,
+        inventory: InventorySource,
+        checkpoints: CheckpointStore,
+        cdi_writer: CDIWriter,
+        driver: str,
+        instance_lock: InstanceLock | None = None,
+        replaced_claim_wait_s: float = 5.0,
+        inventory_wait_s: float = 10.0,
+        crash_at: str = "",
+        partitions: PartitionManager | None = None,
+    ) -> None:
+        self._claims = claims
+        self._inventory = inventory
+        self._checkpoints = checkpoints
+        self._cdi = cdi_writer
+        self._driver = driver
+        self._locks = _KeyedLocks()
+        self._instance = instance_lock or InstanceLock(None)
+        self._replaced_wait_s = replaced_claim_wait_s
+        self._inventory_wait_s = inventory_wait_s
+        self._crash_at = crash_at
+        self._partitions = partitions
+
+    async def prepare_batch(
+        self, refs: Sequence[ClaimRef]
+    ) -> dict[str, PreparedClaim | ClaimError]:
+        """Prepare every claim; a ClaimError is that claim's answer, anything else propagates."""
+        steps = (instruments.timed(instruments.PREPARE_SECONDS, self.prepare(r)) for r in refs)
+        outcomes = await asyncio.gather(*steps, return_exceptions=True)
+        return _collect(refs, outcomes)
+
+    async def unprepare_batch(self, refs: Sequence[ClaimRef]) -> dict[str, ClaimError | None]:
+        outcomes = await asyncio.gather(
+            *(
+                instruments.timed(instruments.UNPREPARE_SECONDS, self.unprepare(ref))
+                for ref in refs
+            ),
+            return_exceptions=True,
+        )
+        return _collect(refs, outcomes)
+
+    @contextlib.asynccontextmanager
+    async def _serialized(self, uid: str) -> AsyncIterator[None]:
+        """The claim's lock, then the instance lock; the checkpoint is current inside."""
+        async with self._locks.hold(uid), self._instance.hold():
+            if self._instance.shared:
+                await asyncio.to_thread(self._checkpoints.sync)
+            yield
+
+    async def prepare(self, ref: ClaimRef) -> PreparedClaim:
+        _check(ref, action="prepare")
+        with (
+            structlog.contextvars.bound_contextvars(
+                claim_uid=ref.uid, namespace=ref.namespace, claim=ref.name
+            ),
+            tracer.start_as_current_span("allocation.prepare_claim") as span,
+        ):
+            span.set_attribute("claim_uid", ref.uid)
+            await self._inventory_known(ref)
+            deadline = asyncio.get_running_loop().time() + self._replaced_wait_s
+            while True:
+                async with self._serialized(ref.uid):
+                    previous = self._previous_preparation(ref)
+                    if previous is None:
+                        return await self._prepare_locked(ref)
+                # Wait outside the locks: the old UID's unprepare (here or in another instance)
+                # needs them.
+                if asyncio.get_running_loop().time() >= deadline:
+                    raise ClaimError(
+                        f"claim {ref}: previous preparation {previous} not yet unprepared",
+                        claim_uid=ref.uid,
+                    )
+                await asyncio.sleep(_POLL_S)
+
+    async def _inventory_known(self, ref: ClaimRef) -> None:
+        """Wait, bounded and outside the locks, for the node's first inventory when a new claim
+        needs it: a freshly started agent serves (and the kubelet calls) before the discovery
+        agent's inventory has reached it. A claim already prepared needs none."""
+        if self._inventory.current is not None or self._checkpoints.get(ref.uid) is not None:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._inventory_wait_s
+        log.info("claim_waits_for_inventory", wait_s=self._inventory_wait_s)
+        while self._inventory.current is None:
+            if loop.time() >= deadline:
+                raise ClaimError(
+                    f"prepare claim {ref.uid}: the node's device inventory is not known yet "
+                    f"(none from the discovery agent within {self._inventory_wait_s:g}s)",
+                    claim_uid=ref.uid,
+                )
+            await asyncio.sleep(_POLL_S)
+
+    def _previous_preparation(self, ref: ClaimRef) -> str | None:
+        """The UID of an earlier incarnation of this claim that is still prepared, if any."""
+        if self._checkpoints.get(ref.uid) is not None:
+            return None
+        others = self._checkpoints.uids_named(ref.namespace, ref.name)
+        return others[0] if others else None
+
+    async def _prepare_locked(self, ref: ClaimRef) -> PreparedClaim:
+        record = self._checkpoints.get(ref.uid)
+        if record is not None and (record.namespace, record.name) != (ref.namespace, ref.name):
+            raise ClaimUIDMismatchError(
+                f"prepare claim {ref}: uid {ref.uid!r} is already prepared for claim "
+                f"{record.namespace}/{record.name}",
+                claim_uid=ref.uid,
+            )
+        if record is not None and record.state is ClaimState.PREPARE_COMPLETED:
+            if record.cdi_spec is not None and not self._cdi.exists(ref.uid):
+                await self._write_spec(record)
+            log.info("claim_prepare_repeated", devices=len(record.devices))
+            return record
+        if record is None:
+            claim = await self._claims.read(ref)
+            record = plan(claim, self._inventory.current, driver=self._driver)
+            if record.partitions:
+                self._check_partitions(record)
+                await self._put_started(record)
+                record = await self._make_partitions(record, claim)
+                await self._write_spec(record)
+            else:
+                # PrepareStarted and the CDI spec may land in either order: a spec without a
+                # checkpoint is an orphan that recovery deletes. Only PrepareCompleted must
+                # follow both, so the two writes run concurrently.
+                await self._start(record)
+        elif record.partitions and record.cdi_spec is None:
+            # Crashed before its partitions were all made: make the rest (the ones made are
+            # found, not made again) and plan the spec with them.
+            record = await self._make_partitions(record, await self._claims.read(ref))
+            await self._write_spec(record)
+        else:
+            # A PrepareStarted record (a crash or failure mid-way) is finished from its stored
+            # plan, so the answer stays the same whatever the inventory says now.
+            await self._write_spec(record)
+        record = record.completed()
+        await self._checkpoints.put(record)
+        self._crash_point("prepare-completed")
+        log.info("claim_prepared", devices=[d.device for d in record.devices])
+        return record
+
+    async def _start(self, record: PreparedClaim) -> None:
+        """PrepareStarted and the CDI spec of a claim without partitions, concurrently. When
+        the checkpoint write fails (disk full, read-only) a spec written meanwhile is removed at
+        once: nothing half-written is left for the runtime to see before the next start's
+        recovery.
+
+        This PrepareStarted is atomic but not fsynced. A killed agent finds it (the page cache
+        outlives the process) and finishes the claim from it. Only a power loss can take it,
+        and a reboot also wipes the CDI specs in /var/run/cdi, the one side effect it guards.
+        The kubelet has not been answered, so the next prepare may plan afresh. Partitions
+        outlive a process and are not found without their record, so `_put_started` is
+        durable for claims that have them."""
+        try:
+            await _all_or_first_error(
+                self._put_started(record, durable=False), self._write_spec(record)
+            )
+        except ClaimError:
+            if self._checkpoints.get(record.uid) is None:
+                try:
+                    await self._cdi.remove(record.uid)
+                except OSError as exc:  # recovery removes it at the next start
+                    log.warning("cdi_spec_orphan_kept", error=str(exc))
+            raise
+
+    def _check_partitions(self, record: PreparedClaim) -> None:
+        """Fail the claim before anything is written if its partitions cannot be made."""
+        inventory = self._inventory.current
+        backend = inventory.backend if inventory is not None else ""
+        if self._partitions is None or not self._partitions.supports(backend):
+            raise ClaimError(
+                f"prepare claim {record.uid}: the {backend or 'unknown'} backend cannot make "
+                f"partitions (asked for: {', '.join(p.device for p in record.partitions)})",
+                claim_uid=record.uid,
+            )
+        for wanted in record.partitions:
+            device, placement = _carved_from(inventory, record.uid, wanted)
+            self._partitions.check(
+                claim_uid=record.uid, device=device, profile=wanted.profile, placement=placement
+            )
+
+    async def _make_partitions(self, record: PreparedClaim, claim: AllocatedClaim) -> PreparedClaim:
+        """Make (or find) the claim's partitions, then plan it again with them."""
+        self._check_partitions(record)
+        assert self._partitions is not None  # checked above
+        inventory = self._inventory.current
+        made: dict[str, Partition] = {}
+        for wanted in record.partitions:
+            device, placement = _carved_from(inventory, record.uid, wanted)
+            made[wanted.device] = await self._partitions.create(
+                claim_uid=record.uid, device=device, profile=wanted.profile, placement=placement
+            )
+            self._crash_point("partition-created")
+        return plan(claim, inventory, driver=self._driver, partitions=made)
+
+    async def _put_started(self, record: PreparedClaim, *, durable: bool = True) -> None:
+        await self._checkpoints.put(record, durable=durable)
+        self._crash_point("prepare-started")
+
+    async def _write_spec(self, record: PreparedClaim) -> None:
+        if record.cdi_spec is None:
+            return
+        try:
+            await self._cdi.write(record.uid, record.cdi_spec)
+        except OSError as exc:
+            raise ClaimError(
+                f"prepare claim {record.uid}: writing CDI spec {self._cdi.path(record.uid)}: {exc}",
+                claim_uid=record.uid,
+            ) from exc
+        self._crash_point("cdi-written")
+
+    def _crash_point(self, step: str) -> None:
+        """Fault-injection seam: die here, as kill -9 would, when `crash_at` names this step."""
+        if self._crash_at == step:
+            log.warning("crash_injected", step=step)
+            os._exit(CRASH_EXIT_CODE)
+
+    async def unprepare(self, ref: ClaimRef) -> None:
+        _check(ref, action="unprepare")
+        with (
+            structlog.contextvars.bound_contextvars(
+                claim_uid=ref.uid, namespace=ref.namespace, claim=ref.name
+            ),
+            tracer.start_as_current_span("allocation.unprepare_claim"),
+        ):
+            async with self._serialized(ref.uid):
+                record = self._checkpoints.get(ref.uid)
+                was_prepared = record is not None
+                try:
+                    await self._cdi.remove(ref.uid)
+                except OSError as exc:
+                    raise ClaimError(
+                        f"unprepare claim {ref.uid}: removing CDI spec: {exc}", claim_uid=ref.uid
+                    ) from exc
+                self._crash_point("unprepare-cdi-removed")
+                if record is not None and record.partitions and self._partitions is not None:
+                    await self._partitions.delete_claim(ref.uid)
+                await self._checkpoints.delete(ref.uid)
+                log.info("claim_unprepared", was_prepared=was_prepared)
+
+    async def recover(self) -> None:
+        """At start: rewrite lost specs of prepared claims, remove specs of unknown claims.
+
+        Under the instance lock: a sibling instance may be between its PrepareStarted and CDI
+        writes, and its spec must not be taken for an orphan.
+        """
+        async with self._instance.hold():
+            if self._instance.shared:
+                await asyncio.to_thread(self._checkpoints.sync)
+            for path in [*self._checkpoints.remove_temporaries(), *self._cdi.remove_temporaries()]:
+                log.warning("temporary_file_removed", path=str(path))
+            for record in self._checkpoints.records():
+                completed = record.state is ClaimState.PREPARE_COMPLETED
+                if completed and record.cdi_spec is not None and not self._cdi.exists(record.uid):
+                    await self._write_spec(record)
+                    log.warning("cdi_spec_regenerated", claim_uid=record.uid)
+            for uid in self._cdi.claim_uids():
+                if self._checkpoints.get(uid) is None:
+                    await self._cdi.remove(uid)
+                    log.warning("cdi_spec_orphan_removed", claim_uid=uid)
+            await self._remove_orphan_partitions()
+
+    async def _remove_orphan_partitions(self) -> None:
+        """Partitions of claims without a record: made before a record was quarantined."""
+        if self._partitions is None:
+            return
+        try:
+            existing = await self._partitions.partitions()
+        except ClaimError as exc:
+            log.error("partitions_unreadable", error=str(exc))
+            return
+        for uid in sorted({p.claim_uid for p in existing}):
+            if self._checkpoints.get(uid) is None:
+                await self._partitions.delete_claim(uid)
+                log.warning("partition_orphan_removed", claim_uid=uid)
+
+
+def _carved_from(
+    inventory: inventory_pb2.Inventory | None, claim_uid: str, wanted: PreparedPartition
+) -> tuple[inventory_pb2.Device, int | None]:
+    """The device to partition and where: the allocated device itself (anywhere), or the
+    parent of an option made on demand, at the option's placement."""
+    device = find_device(inventory, wanted.device, claim_uid=claim_uid, pool="")
+    option = on_demand_option(device, claim_uid=claim_uid)
+    if option is None:
+        return device, None
+    if option.profile != wanted.profile:
+        raise ClaimError(
+            f"prepare claim {claim_uid}: device {device.name} is now a {option.profile} "
+            f"option, but the claim was planned with {wanted.profile}",
+            claim_uid=claim_uid,
+        )
+    parent = find_device(inventory, option.parent, claim_uid=claim_uid, pool="")
+    return parent, option.placement
+
+
+def _check(ref: ClaimRef, *, action: str) -> None:
+    if not safe_uid(ref.uid):
+        raise ClaimError(f"{action} claim {ref}: malformed uid {ref.uid!r}", claim_uid=ref.uid)
+
+
+def _collect(
+    refs: Sequence[ClaimRef], outcomes: Sequence[T | BaseException]
+) -> dict[str, T | ClaimError]:
+    answers: dict[str, T | ClaimError] = {}
+    for ref, outcome in zip(refs, outcomes, strict=True):
+        if isinstance(outcome, ClaimError):
+            log.warning(
+                "claim_failed",
+                claim_uid=ref.uid,
+                namespace=ref.namespace,
+                claim=ref.name,
+                error=str(outcome),
+            )
+            answers[ref.uid] = outcome
+        elif isinstance(outcome, BaseException):
+            raise outcome
+        else:
+            answers[ref.uid] = outcome
+    return answers
+
+
+async def _all_or_first_error(*steps: Coroutine[Any, Any, None]) -> None:
+    """Run `steps` concurrently; wait for all of them, then raise the first failure."""
+    outcomes = await asyncio.gather(*steps, return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome

@@ -1,0 +1,30 @@
+"""The emulated cluster's state in one place: config, registry, store, verbs, request log, faults.
+
+Shared by the HTTP layer and `APIServerEmulator`'s in-process API. No I/O.
+"""
+
+from __future__ import annotations
+
+from services.devcluster.apiserver.config import ClusterConfig
+from services.devcluster.apiserver.faults import Faults
+from services.devcluster.apiserver.operations import Operations
+from services.devcluster.apiserver.registry import Registry
+from services.devcluster.apiserver.requestlog import RequestLog
+from services.devcluster.apiserver.store import Store
+
+__all__ = ["Cluster"]
+
+
+class Cluster:
+    def __init__(self, config: ClusterConfig) -> None:
+        self.config = config
+        self.registry = Registry(config)
+        self.store = Store(history=config.watch_history)
+        self.operations = Operations(config, self.store)
+        self.request_log = RequestLog(maxlen=config.request_log_size)
+        self.faults = Faults()
+        self.namespaced_paths = frozenset(
+            (t.group, t.version, t.plural) for t in self.registry.types if t.namespaced
+        )
+        self.server_address = "127.0.0.1:0"
+        """host:port once the HTTP server listens (shown in /api discovery)."""

@@ -1,0 +1,92 @@
+"""What a dev or test nats-server demands of its clients, rendered into a nats-server config file.
+
+Users with passwords, a token, nkey users, decentralized JWT trust (an operator and its
+accounts, see `natsjwt`), and TLS with optional client-certificate verification (mutual TLS).
+A server without a `ServerAuth` keeps the harness's old behaviour: no config file, no auth.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["JWTTrust", "ServerAuth", "ServerTLS", "render_config"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerTLS:
+    cert_file: Path
+    key_file: Path
+    ca_file: Path | None = None
+    """The CA that signs client certificates; required by `verify_clients`."""
+    verify_clients: bool = False
+    """Mutual TLS: a client without a certificate signed by `ca_file` is refused."""
+
+    def __post_init__(self) -> None:
+        if self.verify_clients and self.ca_file is None:
+            raise ValueError("verify_clients needs the ca_file that signs client certificates")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JWTTrust:
+    """Decentralized auth: the operator's JWT and the account JWTs it signed, preloaded."""
+
+    operator_jwt: str
+    system_account: str
+    """Public key of the system account (JetStream needs one)."""
+    account_jwts: Mapping[str, str]
+    """Account public key (A...) -> account JWT."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerAuth:
+    users: Mapping[str, str] = field(default_factory=dict)
+    """User name -> plain-text password (a test server; never a real deployment's habit)."""
+    token: str = ""
+    nkeys: tuple[str, ...] = ()
+    """Public keys (U...) of nkey users."""
+    jwt: JWTTrust | None = None
+    tls: ServerTLS | None = None
+
+    def __post_init__(self) -> None:
+        if self.token and (self.users or self.nkeys):
+            raise ValueError("nats-server takes a token or a users list, not both")
+        if self.jwt is not None and (self.token or self.users or self.nkeys):
+            raise ValueError("JWT trust replaces the authorization block; give one of them")
+        if any(not key.startswith("U") for key in self.nkeys):
+            raise ValueError("nkey users are public user keys (U...)")
+
+
+def _quote(value: str | Path) -> str:
+    return json.dumps(str(value))
+
+
+def render_config(auth: ServerAuth) -> str:
+    """The nats-server config text for `auth` (listen address, port and JetStream are flags)."""
+    lines: list[str] = []
+    if auth.token:
+        lines += ["authorization {", f"  token: {_quote(auth.token)}", "}"]
+    elif auth.users or auth.nkeys:
+        lines += ["authorization {", "  users: ["]
+        lines += [
+            f"    {{user: {_quote(user)}, password: {_quote(password)}}}"
+            for user, password in auth.users.items()
+        ]
+        lines += [f"    {{nkey: {_quote(key)}}}" for key in auth.nkeys]
+        lines += ["  ]", "}"]
+    if auth.jwt is not None:
+        lines += [f"operator: {_quote(auth.jwt.operator_jwt)}", "resolver: MEMORY"]
+        lines += [f"system_account: {_quote(auth.jwt.system_account)}"]
+        lines += ["resolver_preload: {"]
+        lines += [f"  {key}: {_quote(jwt)}" for key, jwt in auth.jwt.account_jwts.items()]
+        lines += ["}"]
+    if auth.tls is not None:
+        tls = auth.tls
+        lines += ["tls {", f"  cert_file: {_quote(tls.cert_file)}"]
+        lines += [f"  key_file: {_quote(tls.key_file)}"]
+        if tls.ca_file is not None:
+            lines += [f"  ca_file: {_quote(tls.ca_file)}"]
+        lines += [f"  verify: {'true' if tls.verify_clients else 'false'}", "  timeout: 5", "}"]
+    return "\n".join(lines) + "\n"

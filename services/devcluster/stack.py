@@ -1,0 +1,267 @@
+"""The whole suite on one machine: nats-server, the API emulator and the three agents.
+
+Every piece is a real process, wired the way a node would wire them (kubeconfig, plugin
+registry and data dirs, CDI root) under one work directory. Used by `dra-suite demo`,
+`dra-suite up` and the end-to-end tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import signal
+import socket
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from services.devcluster.natsserver import NATSServerProcess
+from services.devcluster.processes import ChildProcess
+from shared.config import KubeSettings, NATSSettings
+from shared.kube import resources
+from shared.kube.client import KubeClient
+
+__all__ = ["AGENTS", "LocalStack", "StackConfig"]
+
+AGENTS = ("discovery", "allocation", "health")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StackConfig:
+    workdir: Path
+    node_name: str = "demo-node"
+    driver_name: str = "sim.dra-suite.io"
+    sim_profile: str = "mixed"
+    kubernetes_version: str = "1.36"
+    # DeviceTaintRules are off by default even in 1.36; the demo turns them on, as a cluster
+    # that wants the health agent's taints must.
+    feature_gates: str = "DRADeviceTaints=true,DRADeviceTaintRules=true"
+    log_level: str = "info"
+    recovery_hold_s: float = 1.0
+    nats_namespace: str = ""
+    extra_args: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """More flags per agent, e.g. `(("health", ("--kube-request-timeout-s", "1")),)`."""
+    cdi_dir: Path | None = None
+    """Where CDI specs go; default `<workdir>/cdi`. Real nodes keep them in /var/run/cdi, a
+    tmpfs: the benchmarks put them on one too, so fsyncs cost there what they cost on a node."""
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.workdir / "kubeconfig.yaml"
+
+    @property
+    def registry_dir(self) -> Path:
+        return self.workdir / "kubelet" / "plugins_registry"
+
+    @property
+    def plugin_data_dir(self) -> Path:
+        return self.workdir / "kubelet" / "plugins" / self.driver_name
+
+    @property
+    def cdi_root(self) -> Path:
+        return self.cdi_dir or self.workdir / "cdi"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.workdir / "logs"
+
+
+@dataclass
+class LocalStack:
+    config: StackConfig
+    nats: NATSServerProcess | None = None
+    apiserver: ChildProcess | None = None
+    agents: dict[str, ChildProcess] = field(default_factory=dict)
+    api_url: str = ""
+    """The emulator's base URL (its `/_emulator` test-control endpoints live there too)."""
+    ops_ports: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def nats_settings(self) -> NATSSettings:
+        assert self.nats is not None
+        return NATSSettings(url=self.nats.url, namespace=self.config.nats_namespace)
+
+    @property
+    def kube_settings(self) -> KubeSettings:
+        return KubeSettings(kubeconfig=str(self.config.kubeconfig))
+
+    async def start(self, *, fresh: bool = True) -> None:
+        cfg = self.config
+        if fresh and cfg.workdir.exists():
+            shutil.rmtree(cfg.workdir)
+        for directory in (cfg.registry_dir, cfg.plugin_data_dir, cfg.cdi_root, cfg.logs_dir):
+            directory.mkdir(parents=True, exist_ok=True)
+        self.nats = NATSServerProcess(cfg.workdir / "nats")
+        await asyncio.to_thread(self.nats.start)
+        await self._start_apiserver()
+        await self._register_node()
+        for agent in AGENTS:
+            await self.start_agent(agent)
+
+    async def _start_apiserver(self) -> None:
+        cfg = self.config
+        self.apiserver = ChildProcess(
+            name="apiserver",
+            argv=[
+                sys.executable,
+                "-m",
+                "services.devcluster.apiserver",
+                "--port",
+                "0",
+                "--kubeconfig",
+                str(cfg.kubeconfig),
+                "--kubernetes-version",
+                cfg.kubernetes_version,
+                "--feature-gates",
+                cfg.feature_gates,
+            ],
+            log_path=cfg.logs_dir / "apiserver.log",
+        )
+        await self.apiserver.start()
+        line = await self.apiserver.read_line_until("apiserver_ready", timeout_s=30)
+        self.api_url = line.split("url=", 1)[-1].strip()
+
+    async def _register_node(self) -> None:
+        """What the kubelet would have done: the Node object exists before the agents start."""
+        async with self.kube() as kube:
+            node: dict[str, Any] = {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": self.config.node_name,
+                    "labels": {"kubernetes.io/hostname": self.config.node_name},
+                },
+            }
+            await kube.create(resources.NODES, node)
+
+    def ops_port(self, agent: str) -> int:
+        """The agent's /metrics, /healthz and /readyz port, kept across its restarts."""
+        if agent not in self.ops_ports:
+            self.ops_ports[agent] = _free_port()
+        return self.ops_ports[agent]
+
+    def ops_url(self, agent: str, path: str = "/metrics") -> str:
+        return f"http://127.0.0.1:{self.ops_port(agent)}{path}"
+
+    def agent_argv(self, agent: str) -> list[str]:
+        cfg = self.config
+        assert self.nats is not None
+        argv = [
+            sys.executable,
+            "-m",
+            f"services.{agent}",
+            "--node-name",
+            cfg.node_name,
+            "--driver-name",
+            cfg.driver_name,
+            "--nats-url",
+            self.nats.url,
+            "--kubeconfig",
+            str(cfg.kubeconfig),
+            "--log-level",
+            cfg.log_level,
+        ]
+        if cfg.nats_namespace:
+            argv += ["--nats-namespace", cfg.nats_namespace]
+        argv += ["--ops-host", "127.0.0.1", "--ops-port", str(self.ops_port(agent))]
+        if agent in ("discovery", "health"):
+            argv += ["--sim-profile", cfg.sim_profile]
+        if agent == "health":
+            # A short hold keeps the walk brisk; production keeps the 5 s default.
+            argv += ["--recovery-hold-s", str(cfg.recovery_hold_s)]
+        if agent == "allocation":
+            argv += [
+                "--plugin-registry-dir",
+                str(cfg.registry_dir),
+                "--plugin-data-dir",
+                str(cfg.plugin_data_dir),
+                "--cdi-root",
+                str(cfg.cdi_root),
+            ]
+        for name, extra in cfg.extra_args:
+            if name == agent:
+                argv += extra
+        return argv
+
+    async def start_agent(self, agent: str) -> ChildProcess:
+        process = ChildProcess(
+            name=agent,
+            argv=self.agent_argv(agent),
+            log_path=self.config.logs_dir / f"{agent}.log",
+        )
+        await process.start()
+        self.agents[agent] = process
+        return process
+
+    async def stop_agent(self, agent: str) -> int | None:
+        process = self.agents.pop(agent, None)
+        return await process.stop() if process else None
+
+    async def kill_agent(self, agent: str) -> int | None:
+        """SIGKILL an agent, as a crash would; `start_agent` brings it back."""
+        process = self.agents.pop(agent, None)
+        if process is None:
+            return None
+        return await process.stop(grace_s=5.0, sig=signal.SIGKILL)
+
+    def agent_pids(self) -> dict[str, int | None]:
+        return {name: process.pid for name, process in self.agents.items()}
+
+    def exited_agents(self) -> dict[str, str]:
+        """Agents that are no longer running, with their exit code and last log line."""
+        exited = {}
+        for name, process in self.agents.items():
+            if process.returncode is not None:
+                lines = process.log_path.read_text(errors="replace").strip().splitlines()
+                exited[name] = f"exit {process.returncode}: {lines[-1] if lines else '(no log)'}"
+        return exited
+
+    def kube(self) -> _KubeSession:
+        return _KubeSession(self.kube_settings)
+
+    async def stop(self) -> dict[str, int | None]:
+        """Stop agents first (they drain NATS and deregister), then the emulator and NATS."""
+        codes = {}
+        for agent in reversed(AGENTS):
+            codes[agent] = await self.stop_agent(agent)
+        if self.apiserver is not None:
+            await self.apiserver.stop()
+            self.apiserver = None
+        if self.nats is not None:
+            await asyncio.to_thread(self.nats.stop)
+        return codes
+
+    async def __aenter__(self) -> LocalStack:
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+class _KubeSession:
+    """`async with stack.kube() as kube:` a KubeClient on the emulator, closed afterwards."""
+
+    def __init__(self, settings: KubeSettings) -> None:
+        self._settings = settings
+        self._client: KubeClient | None = None
+
+    async def __aenter__(self) -> KubeClient:
+        self._client = await KubeClient.connect(self._settings)
+        return self._client
+
+    async def __aexit__(self, *_: object) -> None:
+        if self._client is not None:
+            await self._client.close()

@@ -1,0 +1,1 @@
+"""Discovery agent: enumerates devices, publishes the node inventory and its ResourceSlices."""

@@ -1,0 +1,3 @@
+from services.discovery.cli import main
+
+main()

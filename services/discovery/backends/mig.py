@@ -1,0 +1,153 @@
+"""MIG partitions as partitionable devices over a per-GPU counter set (pure).
+
+One CounterSet per GPU, named `<gpu>-counter-set`, holds the 8 memory slices (one counter
+each), the 7 compute slices, and the engines and memory of the largest profile (every counter
+is the maximum over the GPU's profiles, as NVIDIA's driver does; zero counters are left out).
+The whole GPU consumes all of it; a MIG placement consumes its profile's share and its own
+memory slices. So the scheduler cannot hand out a GPU and one of its partitions, nor two
+partitions whose memory slices overlap (HARDWARE.md 1.1, 1.3).
+
+A placement that is an option rather than an existing MIG device (one the node's allocation
+agent makes at prepare time) carries the bool attribute `createdOnDemand: true`, so that a
+DeviceClass or a claim can tell the two apart. Upstream (dra-driver-nvidia-gpu, `DynamicMIG`)
+publishes its dynamic MIG devices like static ones (`type: mig`) and tells them apart only by
+the missing `uuid`; neither kind carries a `uuid` attribute here, hence the explicit flag.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from services.discovery.backends import quantity
+from services.discovery.backends.nvml_api import GpuInstanceProfile, Placement
+from shared.pb.drasuite.v1 import inventory_pb2
+
+__all__ = [
+    "ON_DEMAND",
+    "MigProfile",
+    "counter_set",
+    "partition",
+    "partition_name",
+    "profile_name",
+    "whole_device_consumption",
+]
+
+ON_DEMAND = "createdOnDemand"
+"""Bool attribute of a partition made when a claim is prepared (not one that exists now)."""
+_NOT_RFC1123 = re.compile(r"[^a-z0-9-]")
+_STRIPPED_ATTRIBUTES = ("uuid", "index", "migCapable")
+
+
+def profile_name(info: GpuInstanceProfile) -> str:
+    """`MIG 1g.10gb` -> `1g.10gb`."""
+    return info.name.removeprefix("MIG").strip()
+
+
+@dataclass(frozen=True, slots=True)
+class MigProfile:
+    """A GPU-instance profile of one GPU and where its instances may sit."""
+
+    info: GpuInstanceProfile
+    placements: tuple[Placement, ...]
+
+    @property
+    def name(self) -> str:
+        return profile_name(self.info)
+
+
+def partition_name(gpu: str, profile: MigProfile, placement: Placement) -> str:
+    """`gpu-0-mig-1g10gb-me-20-3`: profile without dots, lower-case, RFC 1123 (as upstream)."""
+    canonical = _NOT_RFC1123.sub("-", profile.name.replace(".", "").lower())
+    return f"{gpu}-mig-{canonical}-{profile.info.id}-{placement.start}"
+
+
+def _engines(info: GpuInstanceProfile) -> dict[str, int]:
+    return {
+        "compute-slices": info.slice_count,
+        "multiprocessors": info.multiprocessors,
+        "copy-engines": info.copy_engines,
+        "decoders": info.decoders,
+        "encoders": info.encoders,
+        "jpeg-engines": info.jpeg_engines,
+        "ofa-engines": info.ofa_engines,
+        "memory": info.memory_mib,
+    }
+
+
+def _render(values: dict[str, int]) -> dict[str, str]:
+    rendered = {}
+    for name, value in values.items():
+        if value > 0:
+            rendered[name] = quantity.mebibytes(value) if name == "memory" else str(value)
+    return rendered
+
+
+def _memory_slices(profiles: Sequence[MigProfile]) -> int:
+    return max((p.end for m in profiles for p in m.placements), default=0)
+
+
+def counter_set(gpu: str, profiles: Sequence[MigProfile]) -> inventory_pb2.CounterSet:
+    """The GPU's counters: the maximum of every engine count, and one counter per memory slice."""
+    maxima: dict[str, int] = {}
+    for profile in profiles:
+        for name, value in _engines(profile.info).items():
+            maxima[name] = max(maxima.get(name, 0), value)
+    counters = _render(maxima)
+    counters.update({f"memory-slice-{i}": "1" for i in range(_memory_slices(profiles))})
+    return inventory_pb2.CounterSet(name=f"{gpu}-counter-set", counters=counters)
+
+
+def whole_device_consumption(
+    counters: inventory_pb2.CounterSet,
+) -> inventory_pb2.CounterConsumption:
+    """The whole GPU uses every counter of its set."""
+    return inventory_pb2.CounterConsumption(
+        counter_set=counters.name, counters=dict(counters.counters)
+    )
+
+
+def partition(
+    parent: inventory_pb2.Device,
+    profile: MigProfile,
+    placement: Placement,
+    *,
+    counters: inventory_pb2.CounterSet,
+    on_demand: bool = False,
+) -> inventory_pb2.Device:
+    """One MIG placement of `parent` as a device consuming from the parent's counter set.
+
+    `on_demand`: the placement is made at prepare time (flagged with `ON_DEMAND`).
+    """
+    info = profile.info
+    device = inventory_pb2.Device(
+        name=partition_name(parent.name, profile, placement),
+        kind="mig",
+        parent=parent.name,
+        device_nodes=list(parent.device_nodes),
+        capacity={
+            "memory": quantity.mebibytes(info.memory_mib),
+            "multiprocessors": str(info.multiprocessors),
+            "copyEngines": str(info.copy_engines),
+            "decoders": str(info.decoders),
+            "encoders": str(info.encoders),
+            "jpegEngines": str(info.jpeg_engines),
+            "ofaEngines": str(info.ofa_engines),
+        },
+    )
+    for key, value in parent.attributes.items():
+        if key not in _STRIPPED_ATTRIBUTES:
+            device.attributes[key].CopyFrom(value)
+    device.attributes["type"].string = "mig"
+    device.attributes["profile"].string = profile.name
+    device.attributes["parentUUID"].string = parent.uuid
+    device.attributes["placementStart"].int = placement.start
+    if on_demand:
+        device.attributes[ON_DEMAND].bool = True
+    used = _render(_engines(info))
+    used.update({f"memory-slice-{i}": "1" for i in range(placement.start, placement.end)})
+    device.consumes_counters.append(
+        inventory_pb2.CounterConsumption(counter_set=counters.name, counters=used)
+    )
+    return device

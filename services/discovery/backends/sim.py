@@ -1,0 +1,224 @@
+"""The sim backend: devices from a sim profile, with hot-plug for development and tests.
+
+Hot-plug comes two ways: the profile file is re-read when it changes on disk (polled), and
+tests call `add_device` / `remove_device` / `set_attribute`. A reload replaces the whole device
+set, in-process changes included. An unreadable profile after start is logged and ignored.
+
+A device with `mig_profiles` is an H100-80GB in MIG terms: its counter set and partitions come
+from `mig` over the H100 geometry below (HARDWARE.md 1.1/1.2), exactly as the nvml backend
+builds them. No sim MIG device exists before a claim is prepared (the allocation agent's sim
+partition manager makes it then), so every placement is flagged `createdOnDemand`. A device
+with `shared` capacity lists it in `Device.shared_capacity`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+from pathlib import Path
+
+import structlog
+
+from services.discovery.backends import Scan, mig
+from services.discovery.backends.nvml_api import GpuInstanceProfile, Placement
+from shared.errors import BackendUnavailableError, ConfigError
+from shared.pb.drasuite.v1 import inventory_pb2
+from shared.sim import profile
+from shared.sim.profile import AttributeValue, SimDevice, VersionValue
+
+__all__ = ["H100_MIG", "SimBackend", "attribute_value", "to_device", "to_devices"]
+
+log = structlog.get_logger(__name__)
+
+_FileStamp = tuple[int, int, int]
+
+# H100-80GB GI profiles (HARDWARE.md 1.1/1.2): id, name, compute slices, max instances,
+# placement starts, memory slices, SMs, (decoders, encoders, copy engines, jpeg, ofa), MiB.
+_H100_GEOMETRY: tuple[
+    tuple[int, str, int, int, tuple[int, ...], int, int, tuple[int, ...], int], ...
+] = (
+    (19, "1g.10gb", 1, 7, (0, 1, 2, 3, 4, 5, 6), 1, 16, (1, 0, 1, 1, 0), 9984),
+    (20, "1g.10gb+me", 1, 1, (0, 1, 2, 3, 4, 5, 6), 1, 16, (1, 0, 1, 1, 1), 9984),
+    (15, "1g.20gb", 1, 4, (0, 2, 4, 6), 2, 26, (1, 0, 1, 1, 0), 20096),
+    (14, "2g.20gb", 2, 3, (0, 2, 4), 2, 32, (2, 0, 2, 2, 0), 20096),
+    (9, "3g.40gb", 3, 2, (0, 4), 4, 60, (3, 0, 3, 3, 0), 40448),
+    (5, "4g.40gb", 4, 1, (0,), 4, 64, (4, 0, 4, 4, 0), 40448),
+    (0, "7g.80gb", 7, 1, (0,), 8, 132, (7, 0, 8, 7, 1), 81152),
+)
+
+
+def _h100_profiles() -> tuple[mig.MigProfile, ...]:
+    profiles = []
+    for gi, name, slices, instances, starts, size, sms, engines, mib in _H100_GEOMETRY:
+        decoders, encoders, copy_engines, jpeg, ofa = engines
+        info = GpuInstanceProfile(
+            id=gi,
+            name=f"MIG {name}",
+            slice_count=slices,
+            instance_count=instances,
+            multiprocessors=sms,
+            copy_engines=copy_engines,
+            decoders=decoders,
+            encoders=encoders,
+            jpeg_engines=jpeg,
+            ofa_engines=ofa,
+            memory_mib=mib,
+        )
+        profiles.append(mig.MigProfile(info, tuple(Placement(s, size) for s in starts)))
+    return tuple(profiles)
+
+
+H100_MIG = _h100_profiles()
+"""Every MIG profile of an H100-80GB, with its placements (what NVML would report)."""
+
+
+def attribute_value(value: AttributeValue) -> inventory_pb2.AttributeValue:
+    """A sim attribute as the typed proto value (bool before int: bool is an int in Python)."""
+    if isinstance(value, bool):
+        return inventory_pb2.AttributeValue(bool=value)
+    if isinstance(value, int):
+        return inventory_pb2.AttributeValue(int=value)
+    if isinstance(value, VersionValue):
+        return inventory_pb2.AttributeValue(version=value.version)
+    return inventory_pb2.AttributeValue(string=value)
+
+
+def to_device(sim: SimDevice) -> inventory_pb2.Device:
+    """One sim device as an inventory device; attribute names stay as the profile has them."""
+    device = inventory_pb2.Device(
+        name=sim.name,
+        kind=sim.kind,
+        uuid=sim.uuid,
+        capacity=dict(sim.capacity),
+        env=dict(sim.env),
+        device_nodes=[
+            inventory_pb2.DeviceNode(path=node.path, host_path=node.host_path)
+            for node in sim.device_nodes
+        ],
+    )
+    for key, value in sim.attributes.items():
+        device.attributes[key].CopyFrom(attribute_value(value))
+    device.shared_capacity.update(sim.shared)
+    return device
+
+
+def to_devices(
+    sim: SimDevice,
+) -> tuple[list[inventory_pb2.Device], inventory_pb2.CounterSet | None]:
+    """The device, and with MIG profiles its partitions and the counter set they share."""
+    whole = to_device(sim)
+    if not sim.mig_profiles:
+        return [whole], None
+    counters = mig.counter_set(whole.name, H100_MIG)
+    whole.consumes_counters.append(mig.whole_device_consumption(counters))
+    devices = [whole]
+    for wanted in H100_MIG:
+        if wanted.name in sim.mig_profiles:
+            devices += [
+                mig.partition(whole, wanted, placement, counters=counters, on_demand=True)
+                for placement in wanted.placements
+            ]
+    return devices, counters
+
+
+def resolve(name_or_path: str) -> Path:
+    """The file of a profile: a shipped profile by name, else the path as given."""
+    shipped = profile.PROFILES_DIR / f"{name_or_path}.yaml"
+    path = Path(name_or_path)
+    return shipped if not path.suffix and shipped.exists() else path
+
+
+def _stamp(path: Path) -> _FileStamp | None:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+
+
+class SimBackend:
+    """A `DeviceBackend` over a sim profile."""
+
+    name = "sim"
+
+    def __init__(
+        self, devices: list[SimDevice], *, path: Path | None = None, poll_s: float = 0.5
+    ) -> None:
+        self.changed = asyncio.Event()
+        self.path = path
+        self.poll_s = poll_s
+        self._devices = {device.name: device for device in devices}
+        self._stamp = _stamp(path) if path is not None else None
+        self._available = True
+
+    @classmethod
+    def from_profile(cls, name_or_path: str, *, poll_s: float = 0.5) -> SimBackend:
+        """Load a profile (ConfigError when it is missing or invalid) and follow its file."""
+        path = resolve(name_or_path)
+        loaded = profile.load(str(path))
+        return cls(list(loaded.devices), path=path, poll_s=poll_s)
+
+    @property
+    def devices(self) -> list[SimDevice]:
+        return list(self._devices.values())
+
+    async def scan(self) -> Scan:
+        if not self._available:
+            raise BackendUnavailableError("sim backend: made unavailable", backend=self.name)
+        devices: list[inventory_pb2.Device] = []
+        counter_sets: list[inventory_pb2.CounterSet] = []
+        for sim in self._devices.values():
+            found, counters = to_devices(sim)
+            devices += found
+            counter_sets += [counters] if counters is not None else []
+        return Scan(devices=tuple(devices), shared_counters=tuple(counter_sets))
+
+    async def watch(self) -> None:
+        """Eternal: poll the profile file; a changed, valid file replaces the device set."""
+        while True:
+            await asyncio.sleep(self.poll_s)
+            if self.path is not None:
+                await self._check_file(self.path)
+
+    async def _check_file(self, path: Path) -> None:
+        stamp = await asyncio.to_thread(_stamp, path)
+        if stamp is None or stamp == self._stamp:
+            return
+        self._stamp = stamp
+        try:
+            loaded = await asyncio.to_thread(profile.load, str(path))
+        except ConfigError as exc:
+            log.warning("sim_profile_reload_failed", path=str(path), error=str(exc))
+            return
+        self._devices = {device.name: device for device in loaded.devices}
+        log.info("sim_profile_reloaded", path=str(path), devices=len(self._devices))
+        self.changed.set()
+
+    def add_device(self, device: SimDevice) -> None:
+        """Hot-plug a device; ValueError when its name is taken."""
+        if device.name in self._devices:
+            raise ValueError(f"sim device {device.name} already exists")
+        self._devices[device.name] = device
+        self.changed.set()
+
+    def remove_device(self, name: str) -> None:
+        """Hot-unplug a device; KeyError when there is none of that name."""
+        del self._devices[name]
+        self.changed.set()
+
+    def set_attribute(self, device: str, key: str, value: AttributeValue | None) -> None:
+        """Set (or, with None, remove) one attribute of a device."""
+        current = self._devices[device]
+        attributes = dict(current.attributes)
+        if value is None:
+            attributes.pop(key, None)
+        else:
+            attributes[key] = value
+        self._devices[device] = dataclasses.replace(current, attributes=attributes)
+        self.changed.set()
+
+    def set_available(self, available: bool) -> None:
+        """Make scans fail with BackendUnavailableError (False) or succeed again (True)."""
+        self._available = available
+        self.changed.set()

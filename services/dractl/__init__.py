@@ -1,0 +1,1 @@
+"""dractl: the operator's command line over the agents' NATS state (inventory, health, faults)."""

@@ -1,0 +1,3 @@
+from services.dractl.cli import main
+
+main()

@@ -1,0 +1,247 @@
+"""The health evaluator: runs the policy over the latest observations and acts on verdicts.
+
+Wakes on every new view from the monitor (so a fault is handled at once) and at least every
+poll interval (so recovery holds end on time). Parents' faults reach their partitions first
+(`attribution`, over the inventory's topology). Each fault transition is one trace, rooted in
+a `health.evaluate_fault` span: the KV record, the taint, the Node Event and the alert. Each
+record carries every taint the device should have now (`record_taints`): its fault taint and
+its drain; a drain or undrain wakes the evaluator (`wake()`) so the record follows at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+
+import structlog
+from opentelemetry import context as otel_context
+from opentelemetry.context import Context
+
+from services.health import alerts, attribution, events, policy, record_taints
+from services.health.alerts import AlertPublisher
+from services.health.attribution import Topology
+from services.health.events import DeviceEvent, NodeEventWriter
+from services.health.observation import Observations
+from services.health.pod_events import PodEventWriter
+from services.health.policy import DeviceState, PolicySettings, Taint, Verdict
+from services.health.record_taints import TaintTimes
+from services.health.recorder import HealthRecorder, state_from_record, to_record
+from services.health.taints import TaintWriter
+from shared import telemetry
+from shared.cancellation import reraise_if_cancelling
+from shared.errors import BusUnavailableError
+from shared.pb.drasuite.v1 import health_pb2
+
+__all__ = ["HealthEvaluator"]
+
+log = structlog.get_logger(__name__)
+tracer = telemetry.tracer(__name__)
+
+
+class HealthEvaluator:
+    def __init__(
+        self,
+        *,
+        settings: PolicySettings,
+        node: str,
+        recorder: HealthRecorder,
+        taints: TaintWriter,
+        events: NodeEventWriter,
+        alerts: AlertPublisher,
+        poll_interval_s: float,
+        clock: Callable[[], float] = time.time,
+        pod_events: PodEventWriter | None = None,
+    ) -> None:
+        """`pod_events`: also tell the pods using a device that turned unhealthy."""
+        self._settings = settings
+        self._pod_events = pod_events
+        self._node = node
+        self._recorder = recorder
+        self._taints = taints
+        self._events = events
+        self._alerts = alerts
+        self._poll_s = poll_interval_s
+        self._clock = clock
+        self._latest: Observations | None = None
+        self._topology = Topology()
+        self._states: dict[str, DeviceState] = {}
+        self._pool = node
+        self._seeded = False
+        self._taint_times = TaintTimes()
+        self._wake = asyncio.Event()
+        self.evaluations = 0
+
+    @property
+    def states(self) -> dict[str, DeviceState]:
+        return dict(self._states)
+
+    @property
+    def topology(self) -> Topology:
+        """The partition topology of the latest inventory."""
+        return self._topology
+
+    def wake(self) -> None:
+        """Evaluate at once (e.g. a drain changed what a record carries)."""
+        self._wake.set()
+
+    def observe(self, observations: Observations) -> None:
+        """The monitor's sink: keep the newest view and evaluate at once."""
+        self._latest = observations
+        self._wake.set()
+
+    def set_topology(self, topology: Topology) -> None:
+        """Which devices are partitions of which (from the inventory); evaluate at once."""
+        if topology != self._topology:
+            self._topology = topology
+            self._wake.set()
+
+    async def run(self) -> None:
+        """Eternal: evaluate, then sleep until news, a hold deadline or the poll interval."""
+        while True:
+            self._wake.clear()
+            await self.evaluate()
+            reraise_if_cancelling()
+            timeout = self._poll_s
+            deadline = policy.next_deadline(self._states.values(), settings=self._settings)
+            if deadline is not None:
+                timeout = max(0.01, min(timeout, deadline - self._clock()))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
+
+    async def evaluate(self) -> None:
+        observations = self._latest
+        if observations is None:
+            return  # the device list is not known yet
+        if not self._seeded:
+            await self._seed()
+        now = self._clock()
+        devices = attribution.attribute(observations.devices, self._topology)
+        evaluation = policy.evaluate(devices, self._states, now=now, settings=self._settings)
+        self._states, self._pool = evaluation.states(), observations.pool
+        self._recorder.set(self._records(now))
+        contexts: dict[str, Context] = {}
+        for verdict in evaluation.verdicts:
+            if verdict.transition:
+                contexts[verdict.state.device] = await self._on_transition(verdict, now)
+        for state in evaluation.gone:
+            log.info("device_left", node=self._node, device=state.device)
+        taints = {d: s.taint for d, s in self._states.items() if s.taint is not None}
+        self._taints.want(taints, pool=self._pool, contexts=contexts)
+        await self._recorder.flush()
+        self.evaluations += 1
+
+    async def _seed(self) -> None:
+        """Start from the records an earlier run left, so faults and `since` carry over."""
+        try:
+            existing = await self._recorder.existing()
+        except BusUnavailableError as exc:
+            log.warning("health_records_unreadable", node=self._node, error=str(exc))
+            existing = {}
+        now = self._clock()
+        self._states = {
+            d: state_from_record(r, now=now) for d, r in existing.items() if r.device == d
+        }
+        for device, record in existing.items():
+            if record.device == device:
+                self._taint_times.seed(device, record.taints)
+                self._taints.restore(device, map(record_taints.from_record, record.taints))
+        self._seeded = True
+        if self._states:
+            log.info("health_records_loaded", node=self._node, devices=len(self._states))
+
+    def _records(self, now: float) -> dict[str, health_pb2.DeviceHealth]:
+        driver = self._settings.driver
+        wanted = {device: self._wanted_taints(state) for device, state in self._states.items()}
+        taints = self._taint_times.stamp(wanted, now=now)
+        return {
+            device: to_record(
+                state,
+                driver=driver,
+                node=self._node,
+                pool=self._pool,
+                taint=self._taints.applied(state.taint),
+                taints=taints[device],
+            )
+            for device, state in self._states.items()
+        }
+
+    def _wanted_taints(self, state: DeviceState) -> list[Taint]:
+        drain = self._taints.drain_taint(state.device)
+        return [t for t in (state.taint, drain) if t is not None]
+
+    async def _on_transition(self, verdict: Verdict, now: float) -> Context:
+        state = verdict.state
+        fault = state.fault or (verdict.resolved.fault if verdict.resolved else None)
+        attributes = {
+            "device": state.device,
+            "node": self._node,
+            "health": state.health.value,
+            "cause": fault.cause if fault is not None else "",
+        }
+        # A fault reported over NATS continues the reporter's trace (dractl, an operator's tool).
+        parent = telemetry.extract(dict(fault.origin)) if fault and fault.origin else None
+        with tracer.start_as_current_span(
+            "health.evaluate_fault", context=parent, attributes=attributes
+        ):
+            context = otel_context.get_current()
+            if verdict.resolved is not None:
+                self._resolve(verdict.resolved, now=now, context=context)
+            if verdict.raised:
+                self._raise(state, context=context)
+            await self._recorder.flush(device=state.device)
+        return context
+
+    def _raise(self, state: DeviceState, *, context: Context) -> None:
+        fault = state.fault
+        assert fault is not None
+        log.warning(
+            "device_unhealthy",
+            node=self._node,
+            device=state.device,
+            cause=fault.cause,
+            code=fault.code,
+            taint=str(state.taint),
+        )
+        detail = f"{fault.cause} {fault.code}".strip() + (
+            f": {fault.message}" if fault.message else ""
+        )
+        event = DeviceEvent(
+            reason=events.UNHEALTHY, device=state.device, message=detail, at=state.since
+        )
+        self._events.emit(event, context=context)
+        if self._pod_events is not None and state.health is policy.Health.UNHEALTHY:
+            self._pod_events.emit(event, pool=self._pool, context=context)
+        alert = alerts.raised(
+            state,
+            driver=self._settings.driver,
+            node=self._node,
+            pool=self._pool,
+            taint=self._taints.applied(state.taint),
+        )
+        self._alerts.publish(alert, context=context)
+
+    def _resolve(self, old: DeviceState, *, now: float, context: Context) -> None:
+        fault = old.fault
+        cause = fault.cause if fault is not None else "fault"
+        log.info("device_recovered", node=self._node, device=old.device, cause=cause)
+        self._events.emit(
+            DeviceEvent(
+                reason=events.RECOVERED,
+                device=old.device,
+                message=f"recovered from {cause}",
+                at=now,
+            ),
+            context=context,
+        )
+        alert = alerts.resolved(
+            old,
+            driver=self._settings.driver,
+            node=self._node,
+            pool=self._pool,
+            taint=self._taints.applied(old.taint),
+            now=now,
+        )
+        self._alerts.publish(alert, context=context)

@@ -1,0 +1,48 @@
+"""The inventory watcher: the node's inventory from the KV, as the topology attribution needs.
+
+Eternal; each new or deleted inventory gives the sink a new `Topology` (empty when deleted).
+A malformed inventory, or one of another driver or node, is logged and skipped (the last
+topology stays). It only reads: the discovery agent writes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import structlog
+
+from services.health import attribution
+from services.health.attribution import Topology
+from shared.bus import codec, kv
+from shared.bus.connection import Bus
+from shared.errors import MalformedMessageError
+from shared.pb.drasuite.v1 import inventory_pb2
+
+__all__ = ["inventory_watcher"]
+
+log = structlog.get_logger(__name__)
+
+
+async def inventory_watcher(
+    bus: Bus, *, driver: str, node: str, sink: Callable[[Topology], None]
+) -> None:
+    """Call `sink` with the topology of every version of the node's inventory."""
+    key = bus.names.inventory_key(driver, node)
+    async for change in kv.watch(bus, bucket=bus.names.inventory_bucket, keys=key):
+        if change.synced or change.key != key:
+            continue
+        if change.value is None:
+            sink(attribution.topology(None))
+            continue
+        try:
+            inventory = codec.decode(inventory_pb2.Inventory, change.value, subject=key)
+        except MalformedMessageError as exc:
+            log.warning("inventory_malformed", node=node, error=str(exc))
+            continue
+        if (inventory.driver, inventory.node) != (driver, node):
+            owner = f"{inventory.driver[:64]!r}/{inventory.node[:64]!r}"
+            log.warning("inventory_malformed", node=node, error=f"{key}: inventory of {owner}")
+            continue
+        topology = attribution.topology(inventory)
+        log.debug("topology_seen", node=node, partitions=len(topology.parents))
+        sink(topology)

@@ -1,0 +1,204 @@
+"""The health KV writer: one `DeviceHealth` record per device of this node.
+
+`set()` gives the records wanted now; `flush()` writes the ones that changed (and rewrites all
+every `refresh_s`) and deletes records of devices that left. While NATS is down the wanted
+records simply wait for the next flush; after every (re)connect the node's keys are resynced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
+from typing import cast
+
+import structlog
+
+from services.health.observation import Fault
+from services.health.policy import DeviceState, Health, Taint
+from shared.bus import codec, kv
+from shared.bus.connection import Bus
+from shared.errors import BusUnavailableError, MalformedMessageError
+from shared.pb.drasuite.v1 import health_pb2
+
+__all__ = ["HealthRecorder", "state_from_record", "to_record"]
+
+log = structlog.get_logger(__name__)
+
+_STATES = {
+    Health.HEALTHY: health_pb2.HEALTH_STATE_HEALTHY,
+    Health.UNHEALTHY: health_pb2.HEALTH_STATE_UNHEALTHY,
+    Health.UNKNOWN: health_pb2.HEALTH_STATE_UNKNOWN,
+}
+_HEALTH = {v: k for k, v in _STATES.items()}
+
+
+def to_record(
+    state: DeviceState,
+    *,
+    driver: str,
+    node: str,
+    pool: str,
+    taint: Taint | None,
+    taints: Iterable[health_pb2.DeviceTaint] = (),
+) -> health_pb2.DeviceHealth:
+    """The KV record of `state`; `taint` is the one actually applied (None if taints are off);
+    `taints` every taint the agent wants on the device now (its fault taint, a drain)."""
+    fault = state.fault
+    message = fault.message if fault is not None else ""
+    if state.health is Health.UNKNOWN and not message:
+        message = "device is not monitored"
+    return health_pb2.DeviceHealth(
+        driver=driver,
+        node=node,
+        pool=pool,
+        device=state.device,
+        state=_STATES[state.health],
+        cause=fault.cause if fault is not None else "",
+        code=fault.code if fault is not None else "",
+        message=message,
+        since_unix_ms=int(state.since * 1000),
+        taint=str(taint) if taint is not None else "",
+        taints=list(taints),
+    )
+
+
+def state_from_record(record: health_pb2.DeviceHealth, *, now: float) -> DeviceState:
+    """What a record left by an earlier run says, to carry faults and since across restarts.
+
+    A `since` that is not a past time (zero, negative, later than `now`: a record no agent
+    wrote, or a clock set back) counts from `now`: hysteresis then waits its full time, and
+    nothing derived from it (alert times, IDs) leaves the int64 range."""
+    since = record.since_unix_ms / 1000 if 0 < record.since_unix_ms <= now * 1000 else now
+    health = _HEALTH.get(record.state, Health.UNKNOWN)
+    fault = Fault(cause=record.cause, code=record.code, message=record.message)
+    faulty = health is not Health.HEALTHY and bool(record.cause)
+    return DeviceState(
+        device=record.device,
+        health=health,
+        since=since,
+        fault=fault if faulty else None,
+        fault_since=since if faulty else 0.0,
+        taint=Taint.parse(record.taint) if faulty else None,
+    )
+
+
+class HealthRecorder:
+    def __init__(
+        self,
+        bus: Bus,
+        *,
+        driver: str,
+        node: str,
+        refresh_s: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._bus = bus
+        self._driver = driver
+        self._node = node
+        self._refresh_s = refresh_s
+        self._clock = clock
+        self._wanted: dict[str, health_pb2.DeviceHealth] = {}
+        # What the KV holds for each device as far as we know: record bytes without
+        # `updated_unix_ms`, and when we wrote it.
+        self._written: dict[str, tuple[bytes, float]] = {}
+        self._stale: set[str] = set()
+        self._synced_epoch = 0
+        self._deferred = False
+
+    @property
+    def prefix(self) -> str:
+        return self._bus.names.health_key(self._driver, self._node, "")
+
+    def set(self, records: Mapping[str, health_pb2.DeviceHealth]) -> None:
+        self._wanted = dict(records)
+
+    async def flush(self, *, device: str | None = None) -> bool:
+        """Bring the KV in line with the wanted records (only `device`'s if given).
+
+        True when done; False when NATS is down (the next flush retries).
+        """
+        try:
+            if self._synced_epoch != self._bus.epoch or not self._bus.connected.is_set():
+                await self._resync()
+            if device is not None:
+                await self._put_if_changed(device)
+                return True
+            for name in sorted(self._wanted):
+                await self._put_if_changed(name)
+            for name in sorted((set(self._written) | self._stale) - set(self._wanted)):
+                await self._delete(name)
+        except BusUnavailableError as exc:
+            if not self._deferred:
+                log.warning("health_records_deferred", node=self._node, error=str(exc))
+            self._deferred = True
+            return False
+        if self._deferred:
+            log.info("health_records_resynced", node=self._node, devices=len(self._wanted))
+            self._deferred = False
+        return True
+
+    async def _resync(self) -> None:
+        """After a (re)connect: forget what we wrote, learn the keys that exist."""
+        epoch = self._bus.epoch
+        existing = await self.existing()
+        self._written.clear()
+        self._stale = set(existing)
+        self._synced_epoch = epoch
+
+    async def existing(self) -> dict[str, health_pb2.DeviceHealth]:
+        """The node's records now in the KV, by device (undecodable ones count, as empty)."""
+        if not self._bus.connected.is_set():
+            raise BusUnavailableError("nats is not connected", subject=self.prefix)
+        names = self._bus.names
+        keys = names.health_keys(self._driver, self._node)
+        found: dict[str, health_pb2.DeviceHealth] = {}
+        try:
+            async with asyncio.timeout(self._bus.settings.request_timeout_s * 2):
+                # watch() is an async generator: closing it stops the server-side watcher.
+                watch = cast(
+                    AsyncGenerator[kv.KVChange, None],
+                    kv.watch(self._bus, bucket=names.health_bucket, keys=keys),
+                )
+                async with contextlib.aclosing(watch) as changes:
+                    async for change in changes:
+                        if change.synced:
+                            break
+                        if change.value is not None and change.key.startswith(self.prefix):
+                            found[change.key.removeprefix(self.prefix)] = self._decode(change)
+        except TimeoutError as exc:
+            raise BusUnavailableError("listing health records timed out", subject=keys) from exc
+        return found
+
+    def _decode(self, change: kv.KVChange) -> health_pb2.DeviceHealth:
+        try:
+            return codec.decode(health_pb2.DeviceHealth, change.value or b"", subject=change.key)
+        except MalformedMessageError:
+            return health_pb2.DeviceHealth()
+
+    async def _put_if_changed(self, device: str) -> None:
+        record = self._wanted.get(device)
+        if record is None:
+            return
+        blob = codec.encode(record)
+        now = self._clock()
+        written = self._written.get(device)
+        if written is not None and written[0] == blob and now - written[1] < self._refresh_s:
+            return
+        stamped = health_pb2.DeviceHealth()
+        stamped.CopyFrom(record)
+        stamped.updated_unix_ms = int(now * 1000)
+        key = self._bus.names.health_key(self._driver, self._node, device)
+        await self._bus.kv_put(self._bus.names.health_bucket, key, codec.encode(stamped))
+        self._written[device] = (blob, now)
+        self._stale.discard(device)
+        if written is None or written[0] != blob:
+            log.debug("health_recorded", node=self._node, device=device, state=record.state)
+
+    async def _delete(self, device: str) -> None:
+        key = self._bus.names.health_key(self._driver, self._node, device)
+        await self._bus.kv_delete(self._bus.names.health_bucket, key)
+        self._written.pop(device, None)
+        self._stale.discard(device)
+        log.info("health_record_deleted", node=self._node, device=device)

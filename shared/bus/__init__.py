@@ -1,0 +1,1 @@
+"""NATS wiring: connection, subject and bucket names, KV helpers, message codec."""

@@ -1,0 +1,347 @@
+"""One NATS connection per agent: connects in the background, reconnects forever.
+
+The agent never blocks its start on NATS: `run()` is an eternal task that retries the first
+connection with backoff, after which nats-py reconnects by itself. Every operation raises
+`BusUnavailableError` while disconnected, so callers keep serving from what they last saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from collections.abc import Awaitable, Callable, Mapping
+
+import nats
+import nats.errors
+import nats.js.errors
+import nkeys  # type: ignore[import-untyped]  # ships no type hints
+import structlog
+from nats.aio.client import Client as NATSClient
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext, api
+from nats.js.kv import KeyValue
+
+from shared import metrics, telemetry
+from shared.backoff import Backoff
+from shared.bus import auth
+from shared.bus.subjects import Names
+from shared.cancellation import reraise_if_cancelling
+from shared.config import NATSSettings
+from shared.errors import BusUnavailableError, ConfigError
+from shared.redaction import redact_url
+
+__all__ = ["Bus", "MessageHandler"]
+
+log = structlog.get_logger(__name__)
+_reconnects = metrics.meter(__name__).create_counter(
+    "dra_nats_reconnects", unit="1", description="NATS reconnections after a lost connection."
+)
+
+MessageHandler = Callable[[Msg], Awaitable[None]]
+_REPEAT_LOG_INTERVAL_S = 30.0
+
+# Errors that mean "NATS is not reachable right now" rather than a bad request.
+_UNAVAILABLE = (
+    nats.errors.ConnectionClosedError,
+    nats.errors.NoServersError,
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.errors.StaleConnectionError,
+    nats.errors.OutboundBufferLimitError,
+    nats.js.errors.ServiceUnavailableError,
+    nats.js.errors.ServerError,
+    TimeoutError,
+    OSError,
+)
+
+
+def _classify(exc: Exception) -> tuple[str, str]:
+    """The log event for a connection error, and its message without URL userinfo."""
+    error = redact_url(str(exc)) or type(exc).__name__
+    if isinstance(exc, nats.errors.AuthorizationError) or "authorization violation" in (
+        error.lower()
+    ):
+        return "nats_auth_rejected", error
+    if isinstance(exc, ssl.SSLError | ssl.CertificateError):
+        return "nats_tls_failed", error
+    if isinstance(exc, auth.CredentialsUnreadableError):
+        return "nats_credentials_unreadable", error
+    return "nats_error", error
+
+
+class _RepeatGate:
+    """One log line per distinct error, the same one again only after `interval_s`.
+
+    nats-py retries a refused connection four times a second, often alternating two errors
+    (the rejection, then the closed socket); without the gate a wrong password would write
+    several error lines a second for as long as it stays wrong.
+    """
+
+    _MAX_KEYS = 64
+
+    def __init__(self, *, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self._seen: dict[str, tuple[float, int]] = {}  # error -> (last logged at, dropped since)
+
+    def admit(self, key: str) -> int | None:
+        """None to drop the line, else how many identical lines were dropped before it."""
+        now = time.monotonic()
+        logged_at, dropped = self._seen.get(key, (None, 0))
+        if logged_at is not None and now - logged_at < self.interval_s:
+            self._seen[key] = (logged_at, dropped + 1)
+            return None
+        if len(self._seen) >= self._MAX_KEYS:
+            self._seen.clear()
+        self._seen[key] = (now, 0)
+        return dropped
+
+    def reset(self) -> None:
+        self._seen.clear()
+
+
+class Bus:
+    """The agent's NATS connection, JetStream context and idempotently created resources."""
+
+    def __init__(self, settings: NATSSettings, *, name: str) -> None:
+        self.settings = settings
+        self.names = Names(settings.namespace)
+        self.name = name
+        self.reconnects = 0
+        self.connected = asyncio.Event()
+        # Incremented on every (re)connect; watchers compare it to know they must resubscribe.
+        self.epoch = 0
+        self._epoch_changed = asyncio.Condition()
+        self._nc: NATSClient | None = None
+        self._js: JetStreamContext | None = None
+        self._buckets: dict[str, KeyValue] = {}
+        self._closing = False
+        self._error_gate = _RepeatGate(interval_s=_REPEAT_LOG_INTERVAL_S)
+
+    async def run(self) -> None:
+        """Eternal task: connect (retrying forever), then keep the connection's epoch current."""
+        backoff = Backoff(initial_s=0.1, max_s=5.0)
+        log.info(
+            "nats_connecting",
+            servers=redact_url(self.settings.url),
+            auth=auth.auth_method(self.settings),
+        )
+        while self._nc is None:
+            try:
+                self._nc = await self._connect_once()
+            except (
+                *_UNAVAILABLE,
+                ConfigError,
+                auth.CredentialsUnreadableError,
+                nkeys.NkeysError,
+            ) as exc:
+                # A secret file that went bad since start (ConfigError) is retried as well:
+                # a fixed Secret must not need a restart.
+                reraise_if_cancelling()
+                delay = backoff.next_delay()
+                log.warning(
+                    "nats_connect_failed",
+                    error=redact_url(str(exc)) or type(exc).__name__,
+                    retry_in_s=round(delay, 2),
+                )
+                await asyncio.sleep(delay)
+        reraise_if_cancelling()
+        self._js = self._nc.jetstream(timeout=self.settings.request_timeout_s)
+        await self._on_connected(first=True)
+        await asyncio.Event().wait()
+
+    async def _connect_once(self) -> NATSClient:
+        servers = [url.strip() for url in self.settings.url.split(",") if url.strip()]
+        options = auth.connect_options(self.settings)
+        return await nats.connect(
+            servers,
+            name=self.name,
+            allow_reconnect=True,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.25,
+            connect_timeout=self.settings.connect_timeout_s,
+            ping_interval=5,
+            max_outstanding_pings=3,
+            disconnected_cb=self._on_disconnected,
+            reconnected_cb=self._on_reconnected,
+            error_cb=self._on_error,
+            closed_cb=self._on_closed,
+            **options,
+        )
+
+    async def _on_connected(self, *, first: bool) -> None:
+        self._buckets.clear()
+        self._error_gate.reset()
+        self.connected.set()
+        async with self._epoch_changed:
+            self.epoch += 1
+            self._epoch_changed.notify_all()
+        log.info("nats_connected", first=first, epoch=self.epoch, reconnects=self.reconnects)
+
+    async def _on_disconnected(self) -> None:
+        self.connected.clear()
+        if not self._closing:
+            log.warning("nats_disconnected")
+
+    async def _on_reconnected(self) -> None:
+        self.reconnects += 1
+        _reconnects.add(1)
+        await self._on_connected(first=False)
+
+    async def _on_error(self, exc: Exception) -> None:
+        # nats-py's first-connect loop runs in our task and calls this after every failed
+        # attempt: the place to notice a stop whose cancellation its wait_for swallowed
+        # (refused credentials keep that loop spinning, and the agent would never stop).
+        reraise_if_cancelling()
+        event, error = _classify(exc)
+        repeated = self._error_gate.admit(error)
+        if repeated is None:
+            return
+        # Rejected credentials or certificates do not heal by themselves: error, not warning.
+        emit = log.warning if event == "nats_error" else log.error
+        emit(event, error=error, auth=auth.auth_method(self.settings), repeated=repeated)
+
+    async def _on_closed(self) -> None:
+        self.connected.clear()
+        if not self._closing:
+            log.warning("nats_closed")
+
+    async def wait_epoch_after(self, epoch: int) -> int:
+        """Wait until the connection epoch moves past `epoch` (a reconnect happened)."""
+        async with self._epoch_changed:
+            await self._epoch_changed.wait_for(lambda: self.epoch > epoch)
+            return self.epoch
+
+    async def close(self) -> None:
+        """Drain (flush what is in flight), then close."""
+        nc, self._nc = self._nc, None
+        self._closing = True
+        self.connected.clear()
+        if nc is None or nc.is_closed:
+            return
+        try:
+            if nc.is_connected:
+                await nc.drain()
+            else:
+                await nc.close()
+        except _UNAVAILABLE as exc:
+            log.warning("nats_drain_failed", error=str(exc) or type(exc).__name__)
+            await nc.close()
+
+    @property
+    def js(self) -> JetStreamContext:
+        if self._js is None or not self.connected.is_set():
+            raise BusUnavailableError("nats is not connected")
+        return self._js
+
+    @property
+    def nc(self) -> NATSClient:
+        if self._nc is None or not self.connected.is_set():
+            raise BusUnavailableError("nats is not connected")
+        return self._nc
+
+    async def kv(self, bucket: str, *, history: int = 1) -> KeyValue:
+        """The bucket, created on first use; safe when several agents race to create it."""
+        if (cached := self._buckets.get(bucket)) is not None:
+            return cached
+        js = self.js
+        try:
+            try:
+                kv = await js.key_value(bucket)
+            except nats.js.errors.BucketNotFoundError:
+                try:
+                    kv = await js.create_key_value(bucket=bucket, history=history)
+                except nats.js.errors.BadRequestError:
+                    kv = await js.key_value(bucket)  # another agent created it first
+        except _UNAVAILABLE as exc:
+            raise BusUnavailableError(f"kv bucket {bucket}: {exc}", subject=bucket) from exc
+        self._buckets[bucket] = kv
+        return kv
+
+    async def ensure_stream(
+        self, *, name: str, subjects: list[str], max_age_s: float, duplicate_window_s: float
+    ) -> None:
+        """Create the stream, or update it when its config differs; idempotent."""
+        config = api.StreamConfig(
+            name=name,
+            subjects=subjects,
+            max_age=max_age_s,
+            duplicate_window=duplicate_window_s,
+            storage=api.StorageType.FILE,
+        )
+        try:
+            try:
+                await self.js.stream_info(name)
+            except nats.js.errors.NotFoundError:
+                try:
+                    await self.js.add_stream(config)
+                    return
+                except nats.js.errors.BadRequestError:
+                    pass  # created concurrently; fall through to the update
+            await self.js.update_stream(config)
+        except _UNAVAILABLE as exc:
+            raise BusUnavailableError(f"stream {name}: {exc}", subject=name) from exc
+
+    async def kv_put(self, bucket: str, key: str, value: bytes) -> int:
+        kv = await self.kv(bucket)
+        try:
+            return await kv.put(key, value)
+        except _UNAVAILABLE as exc:
+            raise BusUnavailableError(f"kv put {bucket}/{key}: {exc}", subject=key) from exc
+
+    async def kv_get(self, bucket: str, key: str) -> bytes | None:
+        kv = await self.kv(bucket)
+        try:
+            entry = await kv.get(key)
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        except _UNAVAILABLE as exc:
+            raise BusUnavailableError(f"kv get {bucket}/{key}: {exc}", subject=key) from exc
+        return entry.value
+
+    async def kv_delete(self, bucket: str, key: str) -> None:
+        kv = await self.kv(bucket)
+        try:
+            await kv.delete(key)
+        except _UNAVAILABLE as exc:
+            raise BusUnavailableError(f"kv delete {bucket}/{key}: {exc}", subject=key) from exc
+
+    async def publish_js(
+        self,
+        subject: str,
+        data: bytes,
+        *,
+        msg_id: str = "",
+        headers: Mapping[str, str] | None = None,
+    ) -> int:
+        """Publish to a stream and wait for the ack; `msg_id` deduplicates within the window."""
+        all_headers = telemetry.inject(dict(headers or {}))
+        if msg_id:
+            all_headers["Nats-Msg-Id"] = msg_id
+        try:
+            ack = await self.js.publish(subject, data, headers=all_headers or None)
+        except _UNAVAILABLE as exc:
+            raise BusUnavailableError(f"publish {subject}: {exc}", subject=subject) from exc
+        return int(ack.seq)
+
+    async def request(
+        self,
+        subject: str,
+        data: bytes,
+        *,
+        timeout_s: float,
+        headers: Mapping[str, str] | None = None,
+    ) -> Msg:
+        """Core NATS request/reply; the current trace context travels in the headers."""
+        carrier = telemetry.inject(dict(headers or {}))
+        try:
+            return await self.nc.request(subject, data, timeout=timeout_s, headers=carrier)
+        except _UNAVAILABLE as exc:
+            raise BusUnavailableError(f"request {subject}: {exc}", subject=subject) from exc
+
+    async def subscribe(self, subject: str, handler: MessageHandler) -> Subscription:
+        try:
+            return await self.nc.subscribe(subject, cb=handler)
+        except _UNAVAILABLE as exc:
+            raise BusUnavailableError(f"subscribe {subject}: {exc}", subject=subject) from exc

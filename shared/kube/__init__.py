@@ -1,0 +1,1 @@
+"""kubernetes-asyncio wiring: client factory, resource types, error mapping, list+watch."""

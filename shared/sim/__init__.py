@@ -1,0 +1,1 @@
+"""The sim backend's YAML profile: simulated devices and injectable faults."""

@@ -1,0 +1,1 @@
+"""Test doubles behind the seams of the production code (fakes, not mocks)."""

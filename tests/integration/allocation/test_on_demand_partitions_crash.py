@@ -1,0 +1,103 @@
+"""Options made on demand survive kill -9: the agent (a real process) dies right after making
+the first of a claim's two MIG partitions; the kubelet's retry on a restarted agent makes only
+the second, at its own placement, and unprepare removes both.
+
+The inventory is what the discovery agent publishes for the sim `gpu-mig` profile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+
+from services.allocation import cdi
+from services.allocation.checkpoint import ClaimState
+from services.devcluster.kubelet import KubeletClaim, KubeletEmulator, KubeletError
+from services.devcluster.processes import ChildProcess
+from services.discovery.backends import sim
+from shared.bus import codec
+from shared.pb.drasuite.v1 import inventory_pb2
+
+pytestmark = pytest.mark.integration
+
+DRIVER = "sim.dra-suite.io"
+NODE = "node-a"
+OPTIONS = ["gpu-0-mig-1g10gb-19-0", "gpu-0-mig-1g10gb-19-4"]
+
+
+async def _publish_gpu_mig(plugin_node) -> None:
+    scan = await sim.SimBackend.from_profile("gpu-mig").scan()
+    inventory = inventory_pb2.Inventory(
+        driver=DRIVER,
+        node=NODE,
+        pool=NODE,
+        backend="sim",
+        generation=1,
+        devices=scan.devices,
+        shared_counters=scan.shared_counters,
+    )
+    bus = plugin_node.bus
+    key = bus.names.inventory_key(DRIVER, NODE)
+    await bus.kv_put(bus.names.inventory_bucket, key, codec.encode(inventory))
+
+
+@contextlib.asynccontextmanager
+async def _running(
+    plugin_node, process: ChildProcess
+) -> AsyncIterator[tuple[ChildProcess, KubeletEmulator]]:
+    await process.start()
+    kubelet = KubeletEmulator(plugin_node.config.plugin_registry_dir)
+    try:
+        await plugin_node.eventually(plugin_node.config.inventory_path.exists, timeout_s=20)
+        await kubelet.register(driver=DRIVER, timeout_s=20)
+        yield process, kubelet
+    finally:
+        await kubelet.close()
+        await process.stop()
+
+
+async def _prepared(kubelet: KubeletEmulator, claim: KubeletClaim) -> list[list[str]]:
+    answer = (await kubelet.prepare([claim])).claims[claim.uid]
+    assert answer.error == ""
+    return [list(device.cdi_device_ids) for device in answer.devices]
+
+
+async def test_a_crash_after_the_first_on_demand_partition_neither_leaks_nor_duplicates_it(
+    plugin_node,
+):
+    await _publish_gpu_mig(plugin_node)
+    claim = plugin_node.allocate("mig", OPTIONS)
+    crash = plugin_node.process(crash_at="partition-created")
+    async with _running(plugin_node, crash) as (process, kubelet):
+        with pytest.raises(KubeletError, match="NodePrepareResources"):
+            await kubelet.prepare([claim])
+        assert await process.stop() in (137, 255), plugin_node.log()
+    [first] = plugin_node.partitions()
+    assert (first["claimUID"], first["device"], first["placement"]) == (claim.uid, "gpu-0", 0)
+    assert plugin_node.stored().get(claim.uid).state is ClaimState.PREPARE_STARTED
+
+    expected = [[cdi.device_id(DRIVER, cdi.device_name(claim.uid, d))] for d in OPTIONS]
+    async with _running(plugin_node, plugin_node.process()) as (_, kubelet):
+        assert await _prepared(kubelet, claim) == expected
+        made = plugin_node.partitions()
+        assert [(p["device"], p["profile"], p["placement"]) for p in made] == [
+            ("gpu-0", "1g.10gb", 0),
+            ("gpu-0", "1g.10gb", 4),
+        ]
+        assert made[0]["id"] == first["id"]
+        spec = plugin_node.spec(claim.uid)
+        assert spec is not None
+        ids = ",".join(p["id"] for p in made)
+        for device, partition in zip(spec["devices"], made, strict=True):
+            assert f"NVIDIA_VISIBLE_DEVICES={ids}" in device["containerEdits"]["env"]
+            nodes = [(n["path"], n["hostPath"]) for n in device["containerEdits"]["deviceNodes"]]
+            assert nodes == [tuple(node) for node in partition["deviceNodes"]]
+        assert plugin_node.stored().get(claim.uid).state is ClaimState.PREPARE_COMPLETED
+        assert await _prepared(kubelet, claim) == expected
+        assert plugin_node.partitions() == made
+        assert (await kubelet.unprepare([claim])).claims[claim.uid].error == ""
+        assert plugin_node.partitions() == []
+        assert plugin_node.cdi_files() == []
+        assert plugin_node.checkpoint_files() == []

@@ -1,0 +1,444 @@
+"""What the deployment tests share: the manifests under deploy/kustomize, loaded once (and
+rendered with kubectl), and the expectations (overlays, agent env, each agent's access to its
+node per overlay, RBAC) they are checked against."""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import celpy
+import yaml
+from celpy import celtypes
+from celpy.adapter import json_to_cel
+from celpy.evaluation import CELEvalError
+
+from services.allocation import cli as allocation_cli
+from services.discovery import cli as discovery_cli
+from services.health import cli as health_cli
+
+REPO = Path(__file__).resolve().parents[3]
+KUSTOMIZE = REPO / "deploy" / "kustomize"
+KUBE_VERSIONS = ("1.34.0", "1.35.0", "1.36.0")
+OVERLAYS = {  # overlay -> (DRIVER_NAME, BACKEND and MONITOR)
+    "sim": ("sim.dra-suite.io", "sim"),
+    "nvidia": ("gpu.dra-suite.io", "nvml"),
+    "ascend": ("npu.huawei.com", "ascend"),
+}
+NATS_AUTH_ENV = {  # secrets only as files (a mounted Secret): never NATS_PASSWORD or NATS_TOKEN
+    *("NATS_USER", "NATS_PASSWORD_FILE", "NATS_TOKEN_FILE", "NATS_NKEY_SEED_FILE"),
+    *("NATS_CREDS_FILE", "NATS_TLS_CA_FILE", "NATS_TLS_CERT_FILE", "NATS_TLS_KEY_FILE"),
+}
+_COMMON = {
+    *("NODE_NAME", "DRIVER_NAME", "NATS_URL", "KUBECONFIG"),
+    *("LOG_LEVEL", "LOG_FORMAT", "OPS_PORT"),
+    *NATS_AUTH_ENV,
+}
+AGENT_ENV = {  # what the deployments may set: env twins of each agent's flags
+    "discovery": _COMMON
+    | {"OTLP_ENDPOINT", "BACKEND", "SIM_PROFILE", "MIG_PROFILES", "PUBLISH_PCI_BUS_ID"}
+    | {"PUBLISH_DEVICE_TAINTS"},
+    "allocation": _COMMON
+    | {"OTLP_ENDPOINT", "PLUGIN_REGISTRY_DIR", "PLUGIN_DATA_DIR", "CDI_ROOT", "ROLLING_UPDATE_UID"}
+    | {"NPU_SMI_PATH", "PARTITION_TIMEOUT_S"},
+    "health": _COMMON | {"OTLP_ENDPOINT", "MONITOR", "SIM_PROFILE", "TAINT_TARGET"},
+}
+# Read by the dynamic loader or the NVIDIA container runtime for the real backends.
+RUNTIME_ENV = {"LD_LIBRARY_PATH", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"}
+_NVIDIA_TOOLKIT = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "utility"}
+_ASCEND_LIBS = {
+    "LD_LIBRARY_PATH": "/usr/local/Ascend/driver/lib64:/usr/local/Ascend/driver/lib64/common"
+    ":/usr/local/Ascend/driver/lib64/driver"
+}
+OVERLAY_RUNTIME_ENV: dict[str, dict[str, dict[str, str]]] = {  # overlay -> agent -> env
+    "sim": {"discovery": {}, "allocation": {}, "health": {}},
+    # Discovery and health get NVML and the GPUs from the NVIDIA Container Toolkit. The
+    # allocation agent keeps the toolkit out ("void": its tmpfs over /proc/driver/nvidia would
+    # hide the MIG instances it makes) and loads the host's libnvidia-ml.so.1 itself.
+    "nvidia": {
+        "discovery": _NVIDIA_TOOLKIT,
+        "allocation": {"NVIDIA_VISIBLE_DEVICES": "void", "LD_LIBRARY_PATH": "/opt/nvml"},
+        "health": _NVIDIA_TOOLKIT,
+    },
+    "ascend": dict.fromkeys(("discovery", "allocation", "health"), _ASCEND_LIBS),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class HostMount:
+    host_path: str
+    mount_path: str
+    read_only: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeAccess:
+    """What one agent's pod may do on its node, as the rendered overlay must grant it."""
+
+    privileged: bool = False
+    root: bool = False
+    writable_root_fs: bool = False
+    host_mounts: frozenset[HostMount] = frozenset()
+
+
+def _same_path(*paths: str, read_only: bool) -> frozenset[HostMount]:
+    return frozenset(HostMount(p, p, read_only) for p in paths)
+
+
+_KUBELET_DIRS = _same_path(
+    "/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins", "/var/run/cdi", read_only=False
+)
+_NPU_SMI = _same_path("/usr/local/Ascend/driver", "/usr/local/bin/npu-smi", read_only=True)
+_HOST_DEV = _same_path("/dev", read_only=False)
+NVML_HOST_FILE = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+NODE_ACCESS: dict[str, dict[str, NodeAccess]] = {  # overlay -> agent -> access
+    # The sim overlay touches no hardware: only the kubelet plugin (root-owned host dirs) runs
+    # as root, nothing is privileged.
+    "sim": {
+        "discovery": NodeAccess(),
+        "allocation": NodeAccess(root=True, host_mounts=_KUBELET_DIRS),
+        "health": NodeAccess(),
+    },
+    # NVML queries of MIG placements need root; only making MIG instances needs privileges.
+    "nvidia": {
+        "discovery": NodeAccess(root=True),
+        "allocation": NodeAccess(
+            privileged=True,
+            root=True,
+            host_mounts=_KUBELET_DIRS
+            | _HOST_DEV
+            | {HostMount(NVML_HOST_FILE, "/opt/nvml/libnvidia-ml.so.1", read_only=True)},
+        ),
+        "health": NodeAccess(root=True),
+    },
+    # npu-smi opens the davinci control devices (privileged root) and writes its own logs.
+    "ascend": {
+        "discovery": NodeAccess(
+            privileged=True,
+            root=True,
+            writable_root_fs=True,
+            host_mounts=_NPU_SMI | _HOST_DEV | _same_path("/sys", read_only=True),
+        ),
+        "allocation": NodeAccess(
+            privileged=True,
+            root=True,
+            writable_root_fs=True,
+            host_mounts=_KUBELET_DIRS | _NPU_SMI | _HOST_DEV,
+        ),
+        "health": NodeAccess(
+            privileged=True,
+            root=True,
+            writable_root_fs=True,
+            host_mounts=_NPU_SMI | _HOST_DEV | _same_path("/sys", read_only=True),
+        ),
+    },
+}
+AGENT_SHUTDOWN_S = 10
+EXPECTED_RULES = {  # ClusterRole -> {(apiGroup, resource): verbs}
+    "dra-suite-discovery": {
+        ("resource.k8s.io", "resourceslices"): {
+            *("get", "list", "watch", "create", "update", "patch", "delete")
+        },
+        ("", "nodes"): {"get"},
+        ("", "events"): {"create", "patch"},
+    },
+    "dra-suite-allocation": {
+        ("resource.k8s.io", "resourceclaims"): {"get"},
+        ("resource.k8s.io", "resourceclaims/status"): {"get", "patch", "update"},
+        ("", "nodes"): {"get"},
+    },
+    "dra-suite-health": {
+        ("resource.k8s.io", "devicetaintrules"): {
+            *("create", "get", "list", "watch", "update", "patch", "delete")
+        },
+        ("resource.k8s.io", "resourceclaims"): {"list", "watch"},
+        ("", "events"): {"create", "patch"},
+        ("", "nodes"): {"get"},
+    },
+}
+CEL_DRIVER = re.compile(r'device\.driver\s*==\s*"([^"]+)"')
+CEL_DOMAIN = re.compile(r'device\.(?:attributes|capacity)\["([^"]+)"\]')
+KUBECTL = shutil.which("kubectl")
+
+# --- loading ------------------------------------------------------------------------------
+
+
+@functools.cache
+def _docs(path: Path) -> tuple[dict[str, Any], ...]:
+    return tuple(d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d)
+
+
+def _safe_docs(path: Path) -> tuple[dict[str, Any], ...]:
+    """For collection: a broken file fails test_every_yaml_file_parses, not the whole run."""
+    try:
+        return _docs(path)
+    except yaml.YAMLError:
+        return ()
+
+
+KUSTOMIZATIONS = sorted(KUSTOMIZE.rglob("kustomization.yaml"))
+PATCH_FILES = {
+    (k.parent / p["path"]).resolve()
+    for k in KUSTOMIZATIONS
+    for d in _safe_docs(k)
+    for p in d.get("patches", [])
+}
+MANIFESTS = sorted(p for p in KUSTOMIZE.rglob("*.y*ml") if p.name != "kustomization.yaml")
+
+
+def _name(doc: dict[str, Any]) -> str:
+    return str((doc.get("metadata") or {}).get("name"))
+
+
+def _entries(*, patches: bool) -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (f"{path.relative_to(KUSTOMIZE)}#{i}:{doc.get('kind')}/{_name(doc)}", doc)
+        for path in MANIFESTS
+        if (path.resolve() in PATCH_FILES) == patches
+        for i, doc in enumerate(_safe_docs(path))
+    ]
+
+
+OBJECTS = _entries(patches=False)
+PATCHES = _entries(patches=True)
+AGENT_OBJECTS = [(n, d) for n, d in OBJECTS if not n.startswith("examples/")]
+"""What installs dra-suite itself: everything but the examples (which have a DaemonSet too)."""
+DAEMONSETS = [(n, d) for n, d in AGENT_OBJECTS + PATCHES if d.get("kind") == "DaemonSet"]
+BASE_DAEMONSETS = [(n, d) for n, d in AGENT_OBJECTS if d.get("kind") == "DaemonSet"]
+
+
+def _of_kind(docs: Any, kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d.get("kind") == kind]
+
+
+def _container(ds: dict[str, Any]) -> dict[str, Any]:
+    containers = ds["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1, "one agent per DaemonSet, so each rolls on its own"
+    return dict(containers[0])
+
+
+def _env(ds: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in _container(ds).get("env", [])}
+
+
+def _ids(entries: list[tuple[str, Any]]) -> list[str]:
+    return [name for name, _ in entries]
+
+
+def _assert_rbac_has_no_wildcard(docs: Any) -> None:
+    for role in _of_kind(docs, "ClusterRole") + _of_kind(docs, "Role"):
+        for rule in role.get("rules", []):
+            for key in ("apiGroups", "resources", "verbs", "resourceNames", "nonResourceURLs"):
+                assert not any("*" in v for v in rule.get(key, [])), (role["metadata"], rule)
+
+
+def _assert_env_names_are_flags(ds: dict[str, Any]) -> None:
+    agent = _container(ds)["name"]
+    unknown = set(_env(ds)) - AGENT_ENV[agent] - RUNTIME_ENV
+    assert not unknown, f"{agent}: env names that are no agent flag: {sorted(unknown)}"
+
+
+# Each agent's config, built from flags and env twins as its cli does.
+CONFIG_BUILDERS: dict[str, Callable[[list[str], Mapping[str, str]], Any]] = {
+    "discovery": discovery_cli.parse_config,
+    "allocation": allocation_cli.build_config,
+    "health": health_cli.parse,
+}
+
+
+# What the kubelet fills in from the downward API, for the env resolution below.
+_DOWNWARD_API = {"spec.nodeName": "node-a", "metadata.uid": "6f1c0a6e-3b1f-4d1e-9a55-1b2c3d4e5f60"}
+
+
+def _resolved_env(ds: dict[str, Any]) -> dict[str, str]:
+    """The env the kubelet would give the container: downward API filled, $(VAR) expanded."""
+    env: dict[str, str] = {}
+    for entry in _container(ds).get("env", []):
+        if "valueFrom" in entry:
+            field = entry["valueFrom"]["fieldRef"]["fieldPath"]
+            assert field in _DOWNWARD_API, f"unexpected downward API field {field}"
+            env[entry["name"]] = _DOWNWARD_API[field]
+        else:
+            env[entry["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env[m[1]], entry["value"])
+    return env
+
+
+def _assert_agent_accepts(agent: str, env: Mapping[str, str]) -> None:
+    config = CONFIG_BUILDERS[agent]([], env)
+    assert (config.node_name, config.driver_name) == (env["NODE_NAME"], env["DRIVER_NAME"])
+
+
+def node_access(ds: dict[str, Any]) -> NodeAccess:
+    """What a (rendered) DaemonSet grants its agent on the node."""
+    pod, container = ds["spec"]["template"]["spec"], _container(ds)
+    pod_context, context = pod.get("securityContext", {}), container.get("securityContext", {})
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    mounts = frozenset(
+        HostMount(volumes[m["name"]]["hostPath"]["path"], m["mountPath"], m.get("readOnly", False))
+        for m in container.get("volumeMounts", [])
+        if "hostPath" in volumes[m["name"]]
+    )
+    return NodeAccess(
+        privileged=context.get("privileged", False),
+        root=context.get("runAsUser", pod_context.get("runAsUser")) == 0,
+        writable_root_fs=not context.get("readOnlyRootFilesystem", False),
+        host_mounts=mounts,
+    )
+
+
+@functools.cache
+def render(target: str, components: tuple[str, ...] = ()) -> tuple[dict[str, Any], ...]:
+    """`kubectl kustomize` of a folder under deploy/kustomize; with `components` (folders
+    under deploy/kustomize too), of a kustomization that adds them to it, as a user's would."""
+    assert KUBECTL is not None
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = KUSTOMIZE / target
+        if components:
+            kustomization = {
+                "resources": [os.path.relpath(folder, tmp)],
+                "components": [os.path.relpath(KUSTOMIZE / c, tmp) for c in components],
+            }
+            Path(tmp, "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+            folder = Path(tmp)
+        result = subprocess.run(
+            [KUBECTL, "kustomize", str(folder)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert result.returncode == 0, result.stderr
+    return tuple(d for d in yaml.safe_load_all(result.stdout) if d)
+
+
+# --- examples and DeviceClasses, as the CEL and admission tests read them -----------------
+
+EXAMPLE_FILES = sorted((KUSTOMIZE / "examples").rglob("*.yaml"))
+"""Every example manifest, those for 1.36 in examples/k8s-1.36 included."""
+COMPONENTS = {o: KUSTOMIZE / "overlays" / o / "k8s-1.36" for o in OVERLAYS}
+"""Per overlay: the kustomize Component with what needs Kubernetes 1.36 defaults."""
+
+
+def _example_objects() -> list[dict[str, Any]]:
+    return [d for p in EXAMPLE_FILES if p.name != "kustomization.yaml" for d in _safe_docs(p)]
+
+
+def _claim_spec(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """The claim spec of a ResourceClaim or ResourceClaimTemplate; None for other kinds."""
+    if doc.get("kind") == "ResourceClaim":
+        return dict(doc["spec"])
+    if doc.get("kind") == "ResourceClaimTemplate":
+        return dict(doc["spec"]["spec"])
+    return None
+
+
+def _overlay_classes(overlay: str) -> dict[str, dict[str, Any]]:
+    docs = _safe_docs(KUSTOMIZE / "overlays" / overlay / "deviceclasses.yaml")
+    return {d["metadata"]["name"]: d for d in docs if d.get("kind") == "DeviceClass"}
+
+
+# --- admission policies, evaluated as kube-apiserver would (CEL through celpy) ------------
+
+ADMISSION = KUSTOMIZE / "admission"
+DISCOVERY_USER = "system:serviceaccount:dra-suite:dra-discovery"
+NODE_KEY = "authentication.kubernetes.io/node-name"
+SIM = "sim.dra-suite.io"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    matched: bool
+    denials: tuple[str, ...]
+
+    @property
+    def allowed(self) -> bool:
+        return not self.denials
+
+
+def admission_policy(path: str, name: str) -> dict[str, Any]:
+    (found,) = [
+        d
+        for d in _docs(ADMISSION / path)
+        if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"] == name
+    ]
+    return found
+
+
+def policy_with_driver(policy: dict[str, Any], driver: str) -> dict[str, Any]:
+    """The policy as an overlay's kustomize replacement leaves it."""
+    variables = [
+        {**v, "expression": f"'{driver}'"} if v["name"] == "driver" else v
+        for v in policy["spec"]["variables"]
+    ]
+    return {**policy, "spec": {**policy["spec"], "variables": variables}}
+
+
+def _run_cel(expression: str, activation: dict[str, Any]) -> Any:
+    env = celpy.Environment()
+    result = env.program(env.compile(expression)).evaluate(activation)
+    if isinstance(result, CELEvalError):
+        raise result
+    return result
+
+
+def evaluate_policy(policy: dict[str, Any], request: dict[str, Any]) -> Verdict:
+    """What the API server decides for `request` under `policy` (bound with Deny)."""
+    spec = policy["spec"]
+    activation: dict[str, Any] = {
+        "request": json_to_cel(request),
+        "object": json_to_cel(request.get("object")),
+        "oldObject": json_to_cel(request.get("oldObject")),
+    }
+    for condition in spec.get("matchConditions", []):
+        if not _run_cel(condition["expression"], activation):
+            return Verdict(matched=False, denials=())
+    variables: dict[Any, Any] = {}
+    for variable in spec.get("variables", []):
+        activation["variables"] = celtypes.MapType(variables)
+        variables[celtypes.StringType(variable["name"])] = _run_cel(
+            variable["expression"], activation
+        )
+    activation["variables"] = celtypes.MapType(variables)
+    denials = []
+    for validation in spec["validations"]:
+        try:
+            if _run_cel(validation["expression"], activation):
+                continue
+        except (CELEvalError, TypeError, ValueError) as exc:
+            denials.append(f"error: {exc}")
+            continue
+        message = validation.get("message")
+        if "messageExpression" in validation:
+            message = str(_run_cel(validation["messageExpression"], activation))
+        denials.append(" ".join(str(message).split()))
+    return Verdict(matched=True, denials=tuple(denials))
+
+
+def admission_request(
+    *,
+    resource: str,
+    operation: str,
+    obj: Any,
+    old: Any = None,
+    user: str = DISCOVERY_USER,
+    extra: dict[str, list[str]] | None = None,
+) -> dict[str, Any]:
+    user_info: dict[str, Any] = {"username": user, "groups": ["system:serviceaccounts"]}
+    if extra is not None:
+        user_info["extra"] = extra
+    return {
+        "uid": "0e4c5b7e-0000-4000-8000-000000000001",
+        "resource": {"group": "resource.k8s.io", "version": "v1", "resource": resource},
+        "operation": operation,
+        "userInfo": user_info,
+        "object": obj,
+        "oldObject": old,
+    }

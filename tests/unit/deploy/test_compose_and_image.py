@@ -1,0 +1,175 @@
+"""docker-compose.yml and the Dockerfile: files, services, wiring between configs, image rules."""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import json
+import re
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+from tests.unit.deploy.manifests import (
+    AGENT_ENV,
+    OVERLAYS,
+    REPO,
+    _assert_agent_accepts,
+    _docs,
+)
+
+# --- docker-compose.yml -------------------------------------------------------------------
+
+
+@functools.cache
+def _compose() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    return loaded
+
+
+def _safe_services() -> list[str]:
+    try:
+        return sorted(_compose()["services"])
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return ["<docker-compose.yml does not load>"]
+
+
+SERVICES = _safe_services()
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_compose_service_has_an_image_and_references_only_existing_files(service: str) -> None:
+    spec = _compose()["services"][service]
+    assert "image" in spec or "build" in spec
+    if "build" in spec:
+        context = REPO / spec["build"]["context"]
+        assert (context / spec["build"].get("dockerfile", "Dockerfile")).is_file()
+    for volume in spec.get("volumes", []):
+        source = volume.split(":")[0] if isinstance(volume, str) else volume.get("source", "")
+        if source.startswith((".", "/")):
+            assert (REPO / source).exists(), volume
+        else:
+            assert source in (_compose().get("volumes") or {}), f"undeclared volume {source}"
+    for dependency in spec.get("depends_on", []):
+        assert dependency in _compose()["services"]
+
+
+@pytest.mark.parametrize("service", ["discovery", "allocation", "health"])
+def test_compose_agent_runs_its_script_with_only_its_flags_as_env(service: str) -> None:
+    spec = _compose()["services"][service]
+    assert spec["command"] == [f"dra-{service}"]
+    assert set(spec["environment"]) <= AGENT_ENV[service]
+    assert spec["environment"]["DRIVER_NAME"] == OVERLAYS["sim"][0]
+    _assert_agent_accepts(service, spec["environment"])
+
+
+def _host(address: str) -> str:
+    return urlsplit(address if "//" in address else f"//{address}").hostname or ""
+
+
+def test_compose_config_files_reach_services_of_the_stack() -> None:
+    config = REPO / "deploy" / "compose"
+    collector = _docs(config / "otel-collector.yaml")[0]
+    prometheus = _docs(config / "prometheus.yaml")[0]
+    datasources = _docs(config / "grafana/provisioning/datasources/datasources.yaml")[0]
+    kubeconfig = _docs(config / "kubeconfig.yaml")[0]
+    agent_env = _compose()["services"]["discovery"]["environment"]
+    addresses = [
+        collector["exporters"]["otlp/tempo"]["endpoint"],
+        *(
+            t
+            for job in prometheus["scrape_configs"]
+            for s in job["static_configs"]
+            for t in s["targets"]
+        ),
+        *(source["url"] for source in datasources["datasources"]),
+        *(cluster["cluster"]["server"] for cluster in kubeconfig["clusters"]),
+        agent_env["NATS_URL"],
+        agent_env["OTLP_ENDPOINT"],
+    ]
+    assert {_host(a) for a in addresses} <= set(_compose()["services"]), addresses
+
+
+def test_collector_pipelines_use_only_configured_components() -> None:
+    collector = _docs(REPO / "deploy" / "compose" / "otel-collector.yaml")[0]
+    service = collector["service"]
+    assert set(service.get("extensions", [])) <= set(collector.get("extensions", {}))
+    for pipeline in service["pipelines"].values():
+        for kind in ("receivers", "processors", "exporters"):
+            assert set(pipeline.get(kind, [])) <= set(collector.get(kind, {})), (kind, pipeline)
+
+
+# --- Dockerfile ---------------------------------------------------------------------------
+
+
+def _kept_by_dockerignore(path: str) -> bool:
+    kept = True
+    for line in (REPO / ".dockerignore").read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        pattern = line.lstrip("!").rstrip("/")
+        if fnmatch.fnmatch(path, pattern) or fnmatch.fnmatch(path, pattern.removeprefix("**/")):
+            kept = line.startswith("!")
+    return kept
+
+
+def test_dockerfile_copies_kept_sources_and_runs_without_entrypoint_as_non_root() -> None:
+    lines = (REPO / "Dockerfile").read_text().splitlines()
+    copies = [line.split()[1:-1] for line in lines if line.startswith("COPY ")]
+    sources = [s for args in copies if not any(a.startswith("--from") for a in args) for s in args]
+    assert sources
+    for source in sources:
+        assert (REPO / source).exists(), source
+        assert _kept_by_dockerignore(source), source
+    assert not [line for line in lines if line.startswith("ENTRYPOINT")]
+    user = [line.split()[1] for line in lines if line.startswith("USER ")]
+    assert user, "USER is set"
+    assert not user[-1].startswith(("0", "root"))
+
+
+# --- Grafana dashboards ---------------------------------------------------------------------
+
+_INSTRUMENT = re.compile(r'create_(?:counter|histogram|observable_gauge)\(\s*"(dra_[a-z_]+)"')
+_SERIES_SUFFIXES = ("_total", "_bucket", "_count", "_sum")
+
+
+def _instruments_in_code() -> set[str]:
+    names: set[str] = set()
+    for path in [*(REPO / "services").rglob("*.py"), *(REPO / "shared").rglob("*.py")]:
+        names |= set(_INSTRUMENT.findall(path.read_text(encoding="utf-8")))
+    return names
+
+
+def _instrument_of(series: str) -> str:
+    for suffix in _SERIES_SUFFIXES:
+        series = series.removesuffix(suffix)
+    return series.removesuffix("_seconds")
+
+
+@pytest.mark.parametrize(
+    "dashboard",
+    sorted((REPO / "deploy/compose/grafana/dashboards").glob("*.json")),
+    ids=lambda p: p.name,
+)
+def test_dashboard_queries_only_metrics_the_agents_export(dashboard: Path) -> None:
+    panels = json.loads(dashboard.read_text(encoding="utf-8"))["panels"]
+    used = {
+        _instrument_of(series)
+        for panel in panels
+        for target in panel["targets"]
+        for series in re.findall(r"\bdra_[a-z_]+", target["expr"])
+    }
+    assert used, "a dashboard without dra-suite metrics"
+    assert used <= _instruments_in_code(), sorted(used - _instruments_in_code())
+    assert {p["datasource"]["uid"] for p in panels} == {"prometheus"}
+
+
+def test_grafana_dashboard_provider_points_at_the_mounted_dashboards() -> None:
+    provider = _docs(REPO / "deploy/compose/grafana/provisioning/dashboards/dashboards.yaml")[0]
+    path = provider["providers"][0]["options"]["path"]
+    mounts = _compose()["services"]["grafana"]["volumes"]
+    assert f"./deploy/compose/grafana/dashboards:{path}:ro" in mounts
