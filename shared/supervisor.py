@@ -3,15 +3,21 @@
 Agents implement `Agent`: `open()` acquires resources and registers their closers on the exit
 stack; `spawn()` starts eternal, named tasks. A task that returns is a bug; a task that fails
 stops the others and the process exits 1 so that Kubernetes restarts it.
+
+A TaskGroup cancels its tasks once. On Python 3.11 a third-party `asyncio.wait_for` (nats-py
+has many) can swallow that cancellation, and the task would run on while the group waits for
+it forever: the agent would hang on SIGTERM until the kubelet kills it. Once the group is
+stopping, a task still running a second later is cancelled again and logged by name.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import signal
-from collections.abc import Coroutine
-from typing import Any, Protocol
+from collections.abc import Coroutine, Generator
+from typing import Any, Protocol, TypeVar
 
 import structlog
 
@@ -20,6 +26,11 @@ from shared.errors import ConfigError, ProgrammingError
 __all__ = ["Agent", "ShutdownRequestedError", "eternal", "run_agent"]
 
 log = structlog.get_logger(__name__)
+
+_T = TypeVar("_T")
+
+# How long a stopping task may take to honour a cancellation before it gets another.
+RECANCEL_INTERVAL_S = 1.0
 
 
 class ShutdownRequestedError(Exception):
@@ -45,6 +56,51 @@ async def _raise_when_set(stop: asyncio.Event) -> None:
     raise ShutdownRequestedError
 
 
+class _StoppableTaskGroup(asyncio.TaskGroup):
+    """A TaskGroup that knows its tasks and notices when one fails, so that it can be stopped
+    again when a task ignores the group's one cancellation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.running: set[asyncio.Task[Any]] = set()
+        self.stopping = asyncio.Event()
+
+    def create_task(
+        self,
+        coro: Generator[Any, None, _T] | Coroutine[Any, Any, _T],
+        *,
+        name: str | None = None,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.Task[_T]:
+        task = super().create_task(coro, name=name, context=context)
+        self.running.add(task)
+        task.add_done_callback(self._on_done)
+        return task
+
+    def _on_done(self, task: asyncio.Task[Any]) -> None:
+        self.running.discard(task)
+        if task.cancelled() or task.exception() is not None:
+            self.stopping.set()
+
+
+async def _cancel_until_stopped(group: _StoppableTaskGroup, stop: asyncio.Event) -> None:
+    """Once the group stops (a stop request or a failed task), cancel again whatever still
+    runs after each interval: their first cancellation was lost."""
+    stopped = asyncio.ensure_future(stop.wait())
+    failing = asyncio.ensure_future(group.stopping.wait())
+    try:
+        await asyncio.wait({stopped, failing}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        failing.cancel()
+    while True:
+        await asyncio.sleep(RECANCEL_INTERVAL_S)
+        for task in list(group.running):
+            if not task.done():
+                log.warning("task_cancelled_again", task=task.get_name())
+                task.cancel()
+
+
 async def run_agent(
     agent: Agent,
     *,
@@ -64,9 +120,11 @@ async def run_agent(
             loop.add_signal_handler(sig, stop.set)
     exit_code = 0
     resources = contextlib.AsyncExitStack()
+    recancel: asyncio.Task[None] | None = None
     try:
         await agent.open(resources)
-        async with asyncio.TaskGroup() as tg:
+        async with _StoppableTaskGroup() as tg:
+            recancel = asyncio.create_task(_cancel_until_stopped(tg, stop), name="recancel")
             tg.create_task(_raise_when_set(stop), name="signal-watch")
             agent.spawn(tg)
             agent.ready.set()
@@ -79,6 +137,8 @@ async def run_agent(
         log.exception("agent_failed")
         exit_code = 1
     finally:
+        if recancel is not None:
+            recancel.cancel()
         agent.ready.clear()
         for sig in signals:
             with contextlib.suppress(NotImplementedError, RuntimeError):

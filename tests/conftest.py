@@ -16,6 +16,9 @@ from services.devcluster.apiserver import APIServerEmulator, ClusterConfig
 from services.devcluster.natsserver import NATSServerProcess
 from shared.bus.connection import Bus
 from shared.config import KubeSettings, NATSSettings
+from tests.hang_report import pytest_runtest_call
+
+__all__ = ["pytest_runtest_call"]
 
 _namespaces = itertools.count(1)
 

@@ -68,6 +68,7 @@ async def watch(bus: Bus, *, bucket: str, keys: str) -> AsyncIterator[KVChange]:
                     if not synced and (replayed or not await _holds(bus, bucket, keys)):
                         synced = True
                         yield _SYNCED
+                    reraise_if_cancelling()  # _holds' request may have swallowed a stop
                     continue
                 if not hasattr(entry, "key"):
                     break  # the stop sentinel: the watcher was stopped under us

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import json
 import os
 import shutil
@@ -270,4 +271,8 @@ async def plugin_node(
     try:
         yield PluginNode(base, nats=nats_settings, kube=kube_settings, api=kube, bus=bus)
     finally:
+        # The agents' gRPC servers and the test's channels are freed now, on the event loop
+        # that made them, rather than by a later test's garbage collection under its own loop
+        # (grpc.aio binds its completion queue to each loop it has seen).
+        gc.collect()
         shutil.rmtree(base, ignore_errors=True)
