@@ -83,16 +83,10 @@ class _StoppableTaskGroup(asyncio.TaskGroup):
             self.stopping.set()
 
 
-async def _cancel_until_stopped(group: _StoppableTaskGroup, stop: asyncio.Event) -> None:
-    """Once the group stops (a stop request or a failed task), cancel again whatever still
-    runs after each interval: their first cancellation was lost."""
-    stopped = asyncio.ensure_future(stop.wait())
-    failing = asyncio.ensure_future(group.stopping.wait())
-    try:
-        await asyncio.wait({stopped, failing}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopped.cancel()
-        failing.cancel()
+async def _cancel_until_stopped(group: _StoppableTaskGroup) -> None:
+    """Once the group stops, cancel again whatever still runs after each interval: their
+    first cancellation was lost. A stop request counts: it is the signal watch failing."""
+    await group.stopping.wait()
     while True:
         await asyncio.sleep(RECANCEL_INTERVAL_S)
         for task in list(group.running):
@@ -124,7 +118,7 @@ async def run_agent(
     try:
         await agent.open(resources)
         async with _StoppableTaskGroup() as tg:
-            recancel = asyncio.create_task(_cancel_until_stopped(tg, stop), name="recancel")
+            recancel = asyncio.create_task(_cancel_until_stopped(tg), name="recancel")
             tg.create_task(_raise_when_set(stop), name="signal-watch")
             agent.spawn(tg)
             agent.ready.set()

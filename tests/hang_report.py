@@ -23,6 +23,14 @@ __all__ = ["pytest_runtest_call"]
 _MARGIN_S = 10.0
 
 
+def _timeout_s(item: pytest.Item) -> float:
+    """pytest-timeout's limit for `item`: its marker, else --timeout, else the ini value."""
+    marker = item.get_closest_marker("timeout")
+    if marker is not None and marker.args:
+        return float(marker.args[0])
+    return float(item.config.getoption("timeout", None) or item.config.getini("timeout") or 0)
+
+
 def _running_loop_of(thread_id: int) -> asyncio.AbstractEventLoop | None:
     frame = sys._current_frames().get(thread_id)
     while frame is not None:
@@ -54,9 +62,7 @@ def _report(nodeid: str, thread_id: int, out: TextIO) -> None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
-    marker = item.get_closest_marker("timeout")
-    limit = float(marker.args[0]) if marker and marker.args else item.config.getini("timeout")
-    limit_s = float(limit or 0)
+    limit_s = _timeout_s(item)
     delay = limit_s - min(_MARGIN_S, limit_s / 2)
     timer = None
     if delay > 0:

@@ -34,6 +34,11 @@ async def _forever() -> None:
     await asyncio.Event().wait()
 
 
+async def _fails() -> None:
+    await asyncio.sleep(0.01)
+    raise RuntimeError("boom")
+
+
 async def _swallows_cancellations(times: int, record: list[str]) -> None:
     """What a wait_for that completes together with its cancellation looks like on 3.11."""
     swallowed = 0
@@ -66,11 +71,7 @@ async def test_a_stop_request_closes_resources_and_exits_0() -> None:
 
 
 async def test_a_task_that_fails_stops_the_agent_with_exit_1() -> None:
-    async def fails() -> None:
-        await asyncio.sleep(0.01)
-        raise RuntimeError("boom")
-
-    agent = FakeAgent(worker=_forever, failing=fails)
+    agent = FakeAgent(worker=_forever, failing=_fails)
     assert await asyncio.wait_for(run_agent(agent, grace_s=2, handle_signals=False), 5) == 1
     assert agent.events == ["open", "closed"]
 
@@ -110,10 +111,6 @@ async def test_a_task_that_swallows_its_cancellation_is_cancelled_again() -> Non
 async def test_a_swallowed_cancellation_after_a_failure_is_also_retried() -> None:
     record: list[str] = []
 
-    async def fails() -> None:
-        await asyncio.sleep(0.01)
-        raise RuntimeError("boom")
-
-    agent = FakeAgent(failing=fails, stubborn=lambda: _swallows_cancellations(1, record))
+    agent = FakeAgent(failing=_fails, stubborn=lambda: _swallows_cancellations(1, record))
     assert await asyncio.wait_for(run_agent(agent, grace_s=2, handle_signals=False), 10) == 1
     assert record == ["swallowed", "stopped"]
