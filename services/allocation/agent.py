@@ -17,9 +17,17 @@ from pathlib import Path
 import grpc
 import structlog
 
-from services.allocation import instruments, partition_managers, socket_server, watchers
+from services.allocation import (
+    front_guard,
+    instruments,
+    partition_managers,
+    socket_server,
+    sockets,
+    watchers,
+)
 from services.allocation.cdi import CDIWriter
-from services.allocation.checkpoint import CheckpointStore
+from services.allocation.checkpoint import CheckpointStore, ClaimState
+from services.allocation.claim_publisher import PreparedClaimPublisher, lookup_with
 from services.allocation.claims import ClaimReader, KubeReader
 from services.allocation.config import AllocationConfig
 from services.allocation.dra_service import DRAService, DRAServiceV1Beta1
@@ -31,6 +39,7 @@ from services.allocation.registration import Registrar, RegistrationService
 from services.allocation.serialize import InstanceLock
 from shared import atomicfile, opsserver
 from shared.bus.connection import Bus
+from shared.errors import ConfigError
 from shared.kube.client import KubeClient
 from shared.pb.kubelet.dra.v1 import api_pb2_grpc as dra_v1_grpc
 from shared.pb.kubelet.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
@@ -58,7 +67,9 @@ class AllocationAgent:
         self.checkpoints = CheckpointStore(config.checkpoint_dir)
         self.cdi = CDIWriter(config.cdi_root, driver=driver)
         self.partitions = partition_managers.build(config, inventory=self.inventory)
-        self.bus = Bus(config.nats, name=f"dra-allocation-{node}")
+        self.bus = Bus(
+            config.nats, name=f"dra-allocation-{node}", component="allocation", node=node
+        )
         self.registration = RegistrationService(driver=driver, endpoint=config.dra_socket_path)
         self.registrar = Registrar(self.registration, config.registration_socket_path)
         # Only with rolling updates may another instance share the checkpoint (CONTRACTS 2.3).
@@ -66,10 +77,20 @@ class AllocationAgent:
             config.serialize_lock_path if config.rolling_update_uid else None
         )
         self.preparer: ClaimPreparer | None = None
+        self.claim_publisher: PreparedClaimPublisher | None = None
         self._servers: dict[str, grpc.aio.Server] = {}
 
     async def open(self, resources: contextlib.AsyncExitStack) -> None:
         config = self.config
+        other = await front_guard.device_plugin_front(
+            config.device_plugin_dir, driver=config.driver_name
+        )
+        if other is not None:
+            raise ConfigError(other, field="kubelet_api")
+        # Before touching shared state: a process serving on our socket paths is a live
+        # instance, and we a second one started without --rolling-update-uid.
+        for path in (config.dra_socket_path, config.registration_socket_path):
+            await asyncio.to_thread(sockets.refuse_if_served, path)
         atomicfile.make_dirs(config.data_dir, mode=0o750)
         self.checkpoints.load()
         self.inventory.load()
@@ -83,8 +104,14 @@ class AllocationAgent:
             resources.push_async_callback(client.close)
             kube = client
         resources.push_async_callback(self.bus.close)
+        reader = ClaimReader(
+            kube, driver=config.driver_name, pool=config.pool_name, node=config.node_name
+        )
+        self.claim_publisher = PreparedClaimPublisher(
+            self.bus, driver=config.driver_name, node=config.node_name, lookup=lookup_with(reader)
+        )
         preparer = ClaimPreparer(
-            claims=ClaimReader(kube, driver=config.driver_name, pool=config.pool_name),
+            claims=reader,
             inventory=self.inventory,
             checkpoints=self.checkpoints,
             cdi_writer=self.cdi,
@@ -94,9 +121,13 @@ class AllocationAgent:
             inventory_wait_s=config.inventory_wait_s,
             crash_at=config.crash_at,
             partitions=self.partitions,
+            announce=self.claim_publisher,
         )
         self.preparer = preparer
         await preparer.recover()
+        self.claim_publisher.seed(
+            r for r in self.checkpoints.records() if r.state is ClaimState.PREPARE_COMPLETED
+        )
         self._servers["dra-server"] = await _serve(
             config.dra_socket_path, self._dra_services(preparer), resources
         )
@@ -105,9 +136,11 @@ class AllocationAgent:
         resources.push_async_callback(self.registrar.close)
         instruments.observe_prepared_claims(lambda: len(self.checkpoints.records()))
         sockets_check = {"sockets": self._sockets_present}
+        # A checkpoint directory that cannot be written fails every new claim: say so.
+        liveness = {**sockets_check, "checkpoint": self.checkpoints.unusable}
         readiness = {**sockets_check, "registration": self.registration.not_registered}
         await opsserver.open_ops_server(
-            config.ops, resources, ready=self.ready, liveness=sockets_check, readiness=readiness
+            config.ops, resources, ready=self.ready, liveness=liveness, readiness=readiness
         )
         log.info("plugin_serving", endpoint=str(config.dra_socket_path))
 
@@ -148,6 +181,7 @@ class AllocationAgent:
                 self.bus, board=self.board, driver=driver, node=node
             ),
             "registrar": self.registrar.run(),
+            **({"claim-publisher": self.claim_publisher.run()} if self.claim_publisher else {}),
             **{name: socket_server.until_terminated(s) for name, s in self._servers.items()},
         }
         for name, coro in tasks.items():

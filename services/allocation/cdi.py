@@ -9,6 +9,7 @@ Nodes every device of the spec needs (a vendor's control nodes) go into the spec
 `validate` checks a spec against the CDI JSON schema (`cdi_schema/`) and what the schema does
 not express (name syntax and length, versions, empty edits); an invalid spec is never written.
 
+A device under several requests of one claim gets a name per request (`device_names`).
 Device names stay within the 63 characters of a CDI name segment: a shared device's name
 carries as much of its share ID (dashes dropped) as fits, at least 8 characters;
 where even that does not fit, the part after the claim UID is a hash of device and share.
@@ -39,6 +40,7 @@ __all__ = [
     "build_spec",
     "device_id",
     "device_name",
+    "device_names",
     "kind",
     "required_version",
     "spec_file_name",
@@ -93,6 +95,28 @@ def device_name(claim_uid: str, device: str, share_id: str | None = None) -> str
     if _SHARE_CHARS.match(share) and (len(share) <= room or room >= _MIN_SHARE_CHARS):
         return f"{claim_uid}-{device}-{share[:room]}"
     return _hashed(claim_uid, f"{device}/{share_id}")
+
+
+def device_names(claim_uid: str, uses: Sequence[tuple[str, str, str | None]]) -> list[str]:
+    """The CDI device name of each (request, device, share ID) of a claim, in order.
+
+    A device (or share) under one request is `device_name`; one under several requests (two
+    admin-access requests, say) gets one name per request, `<claimUID>-<device>-<request>`
+    or, where that does not fit, a hash of all three, so that names stay unique in the spec.
+    """
+    requests: dict[tuple[str, str | None], set[str]] = {}
+    for request, device, share_id in uses:
+        requests.setdefault((device, share_id), set()).add(request)
+    names = []
+    for request, device, share_id in uses:
+        if len(requests[(device, share_id)]) == 1:
+            names.append(device_name(claim_uid, device, share_id))
+            continue
+        name = f"{claim_uid}-{device}-{request}"
+        if share_id is not None or len(name) > MAX_NAME or not _DEVICE_NAME.match(name):
+            name = _hashed(claim_uid, f"{device}/{share_id or ''}/{request}")
+        names.append(name)
+    return names
 
 
 def _hashed(claim_uid: str, key: str) -> str:

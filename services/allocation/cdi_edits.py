@@ -15,6 +15,10 @@ The inventory's `backend` picks how a device reaches a container (HARDWARE.md 1.
 - `sim` and anything else: the device's own nodes and env from the inventory, as published
   (sim nodes map to /dev/null on the host, so no real control nodes are added).
 
+Whatever the inventory says, the result passes `edit_allowlist.check` for the backend (each
+device's own nodes, control nodes and env first, so a refusal names the device that brought
+it; then every device's final env) or the claim fails with `ForbiddenEditError`.
+
 Per request, variables of its devices are joined (`ASCEND_VISIBLE_DEVICES=0,1`): a container
 gets every device of the requests it references. A device's partition replaces its nodes and
 overrides its env. Consumed capacity of shared devices (CONTRACTS 4.4) becomes
@@ -28,13 +32,14 @@ none), so only our variable carries it there.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from services.allocation import cdi, opaque, quantity
+from services.allocation import cdi, edit_allowlist, opaque
 from services.allocation.cdi import CDIDevice
 from services.allocation.partitions import Partition
+from shared import quantity
 from shared.errors import ClaimError
 from shared.pb.drasuite.v1 import inventory_pb2
 
@@ -48,6 +53,7 @@ __all__ = [
     "PARTITION_PROFILE_ENV",
     "ClaimEdits",
     "DeviceUse",
+    "check_devices",
     "claim_edits",
     "consumed_env_name",
 ]
@@ -214,7 +220,7 @@ class _Request:
             self.devices.append(use.device)
         used = self.consumed.setdefault(use.device.name, {})
         for name, amount in sorted(use.consumed.items()):
-            whole = quantity.as_integer(amount)
+            whole = quantity.whole(amount)
             before = used.get(name, 0)
             # Two shares of one device add up; a fractional amount is passed on as written.
             used[name] = before + whole if whole is not None and isinstance(before, int) else amount
@@ -259,6 +265,7 @@ def claim_edits(
     for use, edits in zip(uses, per_use, strict=True):
         requests.setdefault(use.request, _Request()).add(use, edits)
         common.extend(node for node in edits.common if node not in common)
+    _check_devices(backend=backend, claim_uid=claim_uid, uses=uses, per_use=per_use)
     request_env = {
         name: _request_env(request, configs.get(name)) for name, request in requests.items()
     }
@@ -270,7 +277,50 @@ def claim_edits(
         )
         for use, edits in zip(uses, per_use, strict=True)
     ]
+    edit_allowlist.check(
+        backend=backend,
+        claim_uid=claim_uid,
+        devices=[
+            edit_allowlist.DeviceEdits(device=use.device.name, nodes=(), env=device.env)
+            for use, device in zip(uses, devices, strict=True)
+        ],
+    )
     return ClaimEdits(devices=devices, common_nodes=common)
+
+
+def check_devices(
+    *,
+    backend: str,
+    claim_uid: str,
+    devices: Sequence[inventory_pb2.Device],
+    partitioned: Collection[str],
+) -> None:
+    """The allowlist over the devices' own edits (those named in `partitioned` as the
+    partition's parent), before any partition is made of them."""
+    uses = [DeviceUse(request="", device=device) for device in devices]
+    per_use = [
+        _BACKENDS.get(backend, _sim)(
+            device, claim_uid=claim_uid, partitioned=device.name in partitioned
+        )
+        for device in devices
+    ]
+    _check_devices(backend=backend, claim_uid=claim_uid, uses=uses, per_use=per_use)
+
+
+def _check_devices(
+    *, backend: str, claim_uid: str, uses: Sequence[DeviceUse], per_use: Sequence[_Edits]
+) -> None:
+    """Each device's own edits (partition included) against the backend's allowlist."""
+    edit_allowlist.check(
+        backend=backend,
+        claim_uid=claim_uid,
+        devices=[
+            edit_allowlist.DeviceEdits(
+                device=use.device.name, nodes=[*edits.nodes, *edits.common], env=edits.env
+            )
+            for use, edits in zip(uses, per_use, strict=True)
+        ],
+    )
 
 
 def _request_env(request: _Request, config: opaque.DeviceConfig | None) -> dict[str, str]:

@@ -5,6 +5,8 @@ ignore fields they do not know, and the checksum covers the whole document excep
 and new agents read each other's files. A breaking change needs a new apiVersion; an agent leaves
 a file of an apiVersion it does not know in place (it is not corrupt) and treats it as absent.
 A corrupt file (bad JSON, bad checksum, missing fields) is renamed `*.corrupt`, never fatal.
+A directory removed under a running agent is made again on the next write (or liveness check),
+with every record the agent holds; one missing at start is noted (`lost_at_start`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import collections
 import enum
 import hashlib
 import json
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -183,6 +186,21 @@ def _decode_device(device: Mapping[str, Any]) -> PreparedDevice:
     )
 
 
+def _restore(directory: Path, records: list[tuple[Path, bytes]]) -> None:
+    """Make `directory` and write `records` into it, durably (one directory fsync)."""
+    atomicfile.make_dirs(directory, mode=0o700)
+    for path, data in records:
+        atomicfile.write_and_rename(path, data)
+    atomicfile.fsync_dir(directory)
+
+
+def _probe_writable(directory: Path) -> None:
+    """Create and remove a file in `directory`; raises OSError where that is impossible."""
+    probe = directory / f".probe-{os.getpid()}"
+    os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600))
+    os.unlink(probe)
+
+
 def _version_of(data: bytes) -> tuple[str, str] | None:
     """(apiVersion, kind) when the file is a JSON object that has them, else None."""
     try:
@@ -210,9 +228,18 @@ class CheckpointStore:
         self._stamps: dict[str, tuple[int, int, int]] = {}
         self.writes: collections.Counter[tuple[str, ClaimState]] = collections.Counter()
         """Files written per (claim UID, state): proof that a claim was prepared once."""
+        self.lost_at_start = False
+        """True when `load` found no directory and no record was written since (recovery,
+        which runs first, sees it): claims the kubelet believes prepared may have no record,
+        so their CDI specs and partitions must stay. A fresh node looks the same, and has
+        none of them."""
+        self._restoring = asyncio.Lock()
 
     def load(self) -> list[PreparedClaim]:
         """Read every record at start; corrupt files are quarantined and skipped."""
+        self.lost_at_start = not self.directory.is_dir()
+        if self.lost_at_start:
+            log.warning("checkpoint_directory_missing", directory=str(self.directory))
         atomicfile.make_dirs(self.directory, mode=0o700)
         self._records.clear()
         self._uids_by_name.clear()
@@ -284,6 +311,34 @@ class CheckpointStore:
     def get(self, uid: str) -> PreparedClaim | None:
         return self._records.get(uid)
 
+    def stored(self, uid: str) -> bool:
+        """Whether the record of `uid` is on disk (not only in memory)."""
+        return self._path(uid).is_file()
+
+    async def unusable(self) -> str | None:
+        """Liveness check: None when records can be written here (a vanished directory is
+        made again, with every record), else why not."""
+        try:
+            await self._restore_directory()
+            await asyncio.to_thread(_probe_writable, self.directory)
+        except OSError as exc:
+            return f"checkpoint directory {self.directory}: {exc.strerror or exc}"
+        return None
+
+    async def _restore_directory(self) -> None:
+        """If the directory is gone, make it again and write every record held in memory: the
+        kubelet was told about them, and a restart must find them."""
+        async with self._restoring:
+            if await asyncio.to_thread(self.directory.is_dir):
+                return
+            records = [(self._path(r.uid), encode(r)) for r in self._records.values()]
+            await asyncio.to_thread(_restore, self.directory, records)
+            log.warning(
+                "checkpoint_directory_recreated",
+                directory=str(self.directory),
+                records=len(records),
+            )
+
     def records(self) -> list[PreparedClaim]:
         return list(self._records.values())
 
@@ -293,13 +348,13 @@ class CheckpointStore:
         (kill -9 keeps it) and may be lost, or read as corrupt and quarantined, after a
         reboot."""
         path = self._path(record.uid)
+        data = encode(record)
         try:
-            if durable:
-                await self.commit.replace(path, encode(record))
-            else:
-                await asyncio.to_thread(
-                    atomicfile.write_and_rename, path, encode(record), sync=False
-                )
+            try:
+                await self._write(path, data, durable=durable)
+            except FileNotFoundError:
+                await self._restore_directory()
+                await self._write(path, data, durable=durable)
         except OSError as exc:
             raise CheckpointWriteError(
                 f"prepare claim {record.uid}: writing checkpoint {path}: {exc}",
@@ -307,6 +362,13 @@ class CheckpointStore:
             ) from exc
         self._remember(record)
         self.writes[(record.uid, record.state)] += 1
+        self.lost_at_start = False
+
+    async def _write(self, path: Path, data: bytes, *, durable: bool) -> None:
+        if durable:
+            await self.commit.replace(path, data)
+        else:
+            await asyncio.to_thread(atomicfile.write_and_rename, path, data, sync=False)
 
     async def delete(self, uid: str) -> None:
         path = self._path(uid)

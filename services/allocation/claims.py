@@ -7,6 +7,7 @@ writes to the API server or touches devices.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import re
 from collections.abc import Mapping
@@ -15,8 +16,8 @@ from typing import Any, Protocol
 
 import structlog
 
-from services.allocation import quantity
-from shared import backoff
+from services.allocation import echo, nesting, node_selector
+from shared import backoff, quantity
 from shared.errors import (
     ClaimError,
     ClaimNotAllocatedError,
@@ -36,7 +37,9 @@ __all__ = [
     "DeviceResult",
     "KubeReader",
     "OpaqueConfig",
+    "PodRef",
     "base_request",
+    "reserved_pods",
     "select",
 ]
 
@@ -60,7 +63,8 @@ class ClaimRef:
     uid: str
 
     def __str__(self) -> str:
-        return f"{self.namespace}/{self.name}"
+        # Clipped: the kubelet's names reach us unchecked and end up in errors and logs.
+        return f"{echo.clip(self.namespace, 63)}/{echo.clip(self.name)}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -97,6 +101,36 @@ class AllocatedClaim:
     ref: ClaimRef
     results: tuple[DeviceResult, ...]
     configs: tuple[OpaqueConfig, ...] = ()
+    pods: tuple[PodRef, ...] = ()
+    """The pods the claim is reserved for (`status.reservedFor`), when it was read."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PodRef:
+    """A pod a claim is reserved for; pods live in the claim's namespace."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+def reserved_pods(claim: Obj, *, namespace: str) -> tuple[PodRef, ...]:
+    """The pods of `status.reservedFor` (entries of core resource `pods`), once each (pure).
+
+    Informational only (which pods use a prepared claim), so an entry of an unexpected shape is
+    skipped rather than failing the claim."""
+    status = claim.get("status")
+    reserved = status.get("reservedFor") if isinstance(status, Mapping) else None
+    pods: dict[str, PodRef] = {}
+    for entry in reserved if isinstance(reserved, list) else ():
+        if not isinstance(entry, Mapping) or entry.get("resource") != "pods":
+            continue
+        name, uid = entry.get("name"), entry.get("uid", "")
+        if entry.get("apiGroup", "") or not isinstance(name, str) or not isinstance(uid, str):
+            continue
+        if _NAME.fullmatch(name):
+            pods.setdefault(name, PodRef(namespace=namespace, name=name, uid=uid[:64]))
+    return tuple(pods.values())
 
 
 class KubeReader(Protocol):
@@ -110,11 +144,12 @@ def base_request(name: str) -> str:
     return name.split("/", 1)[0]
 
 
-def select(claim: Obj, *, ref: ClaimRef, driver: str, pool: str) -> AllocatedClaim:
-    """Keep what `driver` must prepare on `pool` out of the ResourceClaim object `claim`.
+def select(claim: Obj, *, ref: ClaimRef, driver: str, pool: str, node: str) -> AllocatedClaim:
+    """Keep what `driver` must prepare on `pool` of `node` out of the ResourceClaim `claim`.
 
-    A result of `driver` on another pool is another node's device: the claim fails rather
-    than being prepared without it. An allocation of an unexpected shape (one the API server
+    A result of `driver` on another pool is another node's device, and an allocation whose
+    `nodeSelector` does not select `node` was made for another node: either fails the claim
+    rather than preparing it here. An allocation of an unexpected shape (one the API server
     would not accept) fails the claim with the path of the offending field.
     """
     uid = claim.get("metadata", {}).get("uid", "")
@@ -126,6 +161,9 @@ def select(claim: Obj, *, ref: ClaimRef, driver: str, pool: str) -> AllocatedCla
     allocation = shape.mapping(claim.get("status"), "status").get("allocation")
     if not allocation:
         raise ClaimNotAllocatedError(f"claim {ref}: not allocated", claim_uid=ref.uid)
+    allocation = shape.mapping(allocation, _ALLOCATION)
+    if (why := node_selector.mismatch(allocation.get("nodeSelector"), node=node)) is not None:
+        raise ClaimError(f"claim {ref}: {_ALLOCATION}.{why}", claim_uid=ref.uid)
     devices = shape.mapping(shape.mapping(allocation, _ALLOCATION).get("devices"), _DEVICES)
     results = []
     for index, raw in enumerate(shape.sequence(devices.get("results"), f"{_DEVICES}.results")):
@@ -133,7 +171,8 @@ def select(claim: Obj, *, ref: ClaimRef, driver: str, pool: str) -> AllocatedCla
         if shape.mapping(raw, path).get("driver") == driver:
             results.append(_result(shape, raw, path, driver=driver, pool=pool))
     configs = _configs(shape, devices, driver=driver)
-    return AllocatedClaim(ref=ref, results=tuple(results), configs=configs)
+    pods = reserved_pods(claim, namespace=ref.namespace)
+    return AllocatedClaim(ref=ref, results=tuple(results), configs=configs, pods=pods)
 
 
 class _Shape:
@@ -172,8 +211,11 @@ class _Shape:
     def amount(self, value: Any, path: str) -> str:
         """A quantity as written; one beyond int64 is refused (it could not be printed)."""
         text = self.string(value, path)
-        number = quantity.parse(text)
-        if number is not None and number > _MAX_QUANTITY:
+        try:
+            number = quantity.parse(text)
+        except quantity.QuantityError:
+            return text
+        if number > _MAX_QUANTITY:
             raise ClaimError(
                 f"claim {self.ref}: {path}: {text[:20]}... is larger than any device",
                 claim_uid=self.ref.uid,
@@ -231,41 +273,75 @@ def _configs(shape: _Shape, devices: Mapping[str, Any], *, driver: str) -> tuple
     return tuple(sorted(ours, key=lambda c: c.source != "FromClass"))
 
 
+READ_RETRY_AFTER_CAP_S = 2.0
+"""The longest a 429's Retry-After holds back the next GET of a claim being prepared."""
+
+
 class ClaimReader:
     """GETs claims and selects their results; API failures become this claim's error."""
 
-    def __init__(self, kube: KubeReader, *, driver: str, pool: str, attempts: int = 3) -> None:
+    def __init__(
+        self,
+        kube: KubeReader,
+        *,
+        driver: str,
+        pool: str,
+        node: str | None = None,
+        attempts: int = 3,
+    ) -> None:
+        """`node`: this node's name, which an allocation's nodeSelector must select; None when
+        the pool is named after the node (the default pool)."""
         self._kube = kube
         self._driver = driver
         self._pool = pool
+        self._node = pool if node is None else node
         self._attempts = attempts
         self._jitter = random.Random()  # one per read would seed from urandom each time
 
-    async def read(self, ref: ClaimRef) -> AllocatedClaim:
+    async def read(self, ref: ClaimRef, *, deadline: float | None = None) -> AllocatedClaim:
+        """The claim's results for us; with a `deadline` (event loop time) the read ends by
+        then: a wait that would pass it, or a GET still running at it, fails the claim."""
         _check_names(ref)
+        delays = backoff.Backoff(
+            initial_s=0.2, max_s=2.0, rng=self._jitter, max_retry_after_s=READ_RETRY_AFTER_CAP_S
+        )
         try:
-            claim = await backoff.retry(
-                lambda: self._kube.get(RESOURCE_CLAIMS, ref.name, namespace=ref.namespace),
-                what=f"get resourceclaim {ref}",
-                backoff=backoff.Backoff(initial_s=0.2, max_s=2.0, rng=self._jitter),
-                attempts=self._attempts,
-            )
+            async with asyncio.timeout_at(deadline):
+                claim = await backoff.retry(
+                    lambda: self._kube.get(RESOURCE_CLAIMS, ref.name, namespace=ref.namespace),
+                    what=f"get resourceclaim {ref}",
+                    backoff=delays,
+                    attempts=self._attempts,
+                    deadline=deadline,
+                )
+        except TimeoutError as exc:
+            raise ClaimError(
+                f"claim {ref}: reading it did not finish within the call's time budget",
+                claim_uid=ref.uid,
+            ) from exc
         except KubeNotFoundError as exc:
             raise ClaimNotFoundError(f"claim {ref}: not found", claim_uid=ref.uid) from exc
         except (KubeError, RecoverableError) as exc:
             # The kubelet retries a failed prepare; a failed batch call would fail every claim.
             raise ClaimError(f"claim {ref}: reading it failed: {exc}", claim_uid=ref.uid) from exc
-        return select(claim, ref=ref, driver=self._driver, pool=self._pool)
+        if nesting.depth(claim, limit=nesting.MAX_CLAIM_DEPTH) > nesting.MAX_CLAIM_DEPTH:
+            # Before anything walks it recursively (a validator, repr in an error message).
+            raise ClaimError(
+                f"claim {ref}: nested deeper than {nesting.MAX_CLAIM_DEPTH} levels",
+                claim_uid=ref.uid,
+            )
+        return select(claim, ref=ref, driver=self._driver, pool=self._pool, node=self._node)
 
 
 def _check_names(ref: ClaimRef) -> None:
     """The kubelet's namespace and name go into the GET's path: only valid names may."""
     if not _NAMESPACE.fullmatch(ref.namespace):
         raise ClaimError(
-            f"claim {ref}: malformed namespace {ref.namespace!r} (not a DNS label)",
+            f"claim {ref}: malformed namespace {echo.clip(ref.namespace, 63)!r} (not a DNS label)",
             claim_uid=ref.uid,
         )
     if not _NAME.fullmatch(ref.name):
         raise ClaimError(
-            f"claim {ref}: malformed name {ref.name!r} (not a DNS subdomain)", claim_uid=ref.uid
+            f"claim {ref}: malformed name {echo.clip(ref.name)!r} (not a DNS subdomain)",
+            claim_uid=ref.uid,
         )

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 
 from services.allocation.agent import AllocationAgent
 from services.allocation.config import AllocationConfig
+from services.allocation.dp_agent import DevicePluginAgent
 from shared import logging, metrics, telemetry
 from shared.config import (
     KubeSettings,
@@ -28,7 +29,7 @@ from shared.config import (
     from_args,
 )
 from shared.errors import ConfigError
-from shared.supervisor import run_agent
+from shared.supervisor import Agent, run_process
 
 __all__ = ["CRASH_AT_ENV", "build_config", "main"]
 
@@ -71,8 +72,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"{SERVICE}: {exc}", file=sys.stderr)
         sys.exit(2)
     logging.configure(config.log, service=SERVICE)
-    telemetry.configure(config.telemetry, service=SERVICE)
-    metrics.configure(service=SERVICE)
-    code = asyncio.run(run_agent(AllocationAgent(config), grace_s=_GRACE_S))
+    node, driver = config.node_name, config.driver_name
+    telemetry.configure(
+        config.telemetry, service=SERVICE, node=node, driver=driver, environ=os.environ
+    )
+    metrics.configure(service=SERVICE, node=node, driver=driver, environ=os.environ)
+    agent: Agent = (
+        DevicePluginAgent(config)
+        if config.kubelet_api == "device-plugin"
+        else AllocationAgent(config)
+    )
+    code = asyncio.run(run_process(agent, grace_s=_GRACE_S))
     telemetry.shutdown()
     sys.exit(code)

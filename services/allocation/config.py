@@ -10,6 +10,7 @@ import dataclasses
 import re
 from pathlib import Path
 
+from services.allocation import dp_resources
 from shared.config import (
     KubeSettings,
     LogSettings,
@@ -20,10 +21,19 @@ from shared.config import (
 )
 from shared.errors import ConfigError
 
-__all__ = ["CRASH_STEPS", "KUBELET_PLUGINS_DIR", "KUBELET_REGISTRY_DIR", "AllocationConfig"]
+__all__ = [
+    "CRASH_STEPS",
+    "KUBELET_APIS",
+    "KUBELET_DEVICE_PLUGIN_DIR",
+    "KUBELET_PLUGINS_DIR",
+    "KUBELET_REGISTRY_DIR",
+    "AllocationConfig",
+]
 
 KUBELET_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
 KUBELET_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
+KUBELET_DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
+KUBELET_APIS = ("dra", "device-plugin")
 # Driver and node names are DNS subdomains (lower case, at most 253 characters).
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 # sun_path holds 108 bytes including the terminating NUL.
@@ -118,6 +128,26 @@ class AllocationConfig:
         "MIG device) may take before the claim fails.",
     )
     """Below the kubelet's 45 s call deadline, so the claim gets our error, not a timeout."""
+    kubelet_api: str = setting(
+        "dra",
+        flag="--kubelet-api",
+        help="The kubelet front: dra (DRA plugin) or device-plugin (kubelet device plugin API "
+        "v1beta1, extended resources). One node runs one.",
+    )
+    """Which kubelet API this agent serves; the other front must not serve on the node."""
+    device_plugin_dir: Path = setting(
+        KUBELET_DEVICE_PLUGIN_DIR,
+        flag="--device-plugin-dir",
+        help="device-plugin front: the kubelet's device plugin directory (kubelet.sock).",
+    )
+    """Holds the kubelet's `kubelet.sock` and our `<driver>-<resource>.sock` sockets."""
+    device_plugin_resources: str = setting(
+        "",
+        flag="--device-plugin-resources",
+        help="device-plugin front: resource names by device kind or default name, e.g. "
+        "npu=huawei.com/Ascend910,gpu=nvidia.com/gpu. Empty: the backend's defaults.",
+    )
+    """Parsed by `dp_resources.parse_overrides`; see `device_plugin_overrides`."""
     crash_at: str = ""
     """Fault-injection seam for the kill -9 tests, never a flag: `cli` fills it from the env var
     `DRA_SUITE_CRASH_AT` and the preparer exits the process (code 137) at that step."""
@@ -151,6 +181,17 @@ class AllocationConfig:
             raise ConfigError("replaced claim wait must be >= 0", field="replaced_claim_wait_s")
         if self.inventory_wait_s < 0:
             raise ConfigError("inventory wait must be >= 0", field="inventory_wait_s")
+        if self.kubelet_api not in KUBELET_APIS:
+            raise ConfigError(
+                f"kubelet api {self.kubelet_api!r} is not one of {', '.join(KUBELET_APIS)}",
+                field="kubelet_api",
+            )
+        try:
+            dp_resources.parse_overrides(self.device_plugin_resources)
+        except ValueError as exc:
+            raise ConfigError(
+                f"device plugin resources: {exc}", field="device_plugin_resources"
+            ) from exc
         if self.crash_at and self.crash_at not in CRASH_STEPS:
             raise ConfigError(
                 f"crash step {self.crash_at!r} is not one of {', '.join(CRASH_STEPS)}",
@@ -162,6 +203,11 @@ class AllocationConfig:
                     f"socket path {path} must be absolute and at most {_MAX_SOCKET_PATH} bytes",
                     field="plugin_data_dir",
                 )
+
+    @property
+    def device_plugin_overrides(self) -> dict[str, str]:
+        """Resource names by device kind or default resource name (device-plugin front)."""
+        return dp_resources.parse_overrides(self.device_plugin_resources)
 
     @property
     def pool_name(self) -> str:

@@ -4,11 +4,13 @@ Servicers hold no logic: they turn messages into `ClaimRef`s, delegate to the Cl
 turn its outcomes back into messages. Every claim of a request gets an entry keyed by its UID;
 a claim's failure goes into that entry's `error` and the call itself succeeds. A claim named
 twice in one request is handled once; one UID under two names is refused (UIDs are unique, so
-one of them is not that claim).
+one of them is not that claim). The claims' reads end before the call's deadline, and the
+answer's errors are shortened to fit the kubelet's 4 MiB receive limit (`echo`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -17,6 +19,7 @@ import grpc
 import structlog
 from opentelemetry import trace
 
+from services.allocation import echo
 from services.allocation.checkpoint import PreparedClaim, PreparedDevice
 from services.allocation.claims import ClaimRef
 from services.allocation.preparer import ClaimPreparer
@@ -40,12 +43,26 @@ log = structlog.get_logger(__name__)
 tracer = telemetry.tracer(__name__)
 Context = grpc.aio.ServicerContext[Any, Any]
 
+DEFAULT_CALL_BUDGET_S = 40.0
+"""The claims' time budget of a call that has no deadline (the kubelet sets 45 s)."""
+ANSWER_RESERVE_S = 3.0
+"""Kept from the call's deadline for what follows a claim's read (writes, the answer)."""
+
 
 @contextlib.contextmanager
 def _server_span(name: str, context: Context) -> Iterator[trace.Span]:
     parent = telemetry.extract_grpc_metadata(context.invocation_metadata())
     with tracer.start_as_current_span(name, context=parent, kind=trace.SpanKind.SERVER) as span:
         yield span
+
+
+def _budget_s(context: Context) -> float:
+    """How long the claims of a prepare call may take: the kubelet's deadline (45 s) less
+    `ANSWER_RESERVE_S` for the writes and the answer, at most `DEFAULT_CALL_BUDGET_S`."""
+    remaining = context.time_remaining()
+    if remaining is None:
+        return DEFAULT_CALL_BUDGET_S
+    return max(0.0, min(DEFAULT_CALL_BUDGET_S, remaining - ANSWER_RESERVE_S))
 
 
 def _refs(claims: Iterable[v1.Claim]) -> list[ClaimRef]:
@@ -64,11 +81,15 @@ def _distinct_refs(claims: Iterable[v1.Claim]) -> tuple[list[ClaimRef], dict[str
         seen = first.setdefault(ref.uid, ref)
         if seen != ref and ref.uid not in refused:
             refused[ref.uid] = ClaimError(
-                f"prepare claim {seen}: uid {ref.uid!r} is also given to claim {ref} "
-                "in the same request",
+                f"prepare claim {seen}: uid {echo.clip(ref.uid, 128)!r} is also given to claim "
+                f"{ref} in the same request",
                 claim_uid=ref.uid,
             )
-            log.warning("claim_uid_conflict", claim_uid=ref.uid, claims=[str(seen), str(ref)])
+            log.warning(
+                "claim_uid_conflict",
+                claim_uid=echo.clip(ref.uid, 128),
+                claims=[str(seen), str(ref)],
+            )
     return [ref for uid, ref in first.items() if uid not in refused], refused
 
 
@@ -104,9 +125,12 @@ class DRAService(v1_grpc.DRAPluginServicer):
         with _server_span("allocation.node_prepare_resources", context) as span:
             span.set_attribute("claims", len(request.claims))
             refs, refused = _distinct_refs(request.claims)
-            outcomes = await self._preparer.prepare_batch(refs)
+            deadline = asyncio.get_running_loop().time() + _budget_s(context)
+            outcomes = await self._preparer.prepare_batch(refs, deadline=deadline)
         claims = {uid: _prepared(outcome) for uid, outcome in {**outcomes, **refused}.items()}
-        return v1.NodePrepareResourcesResponse(claims=claims)
+        response = v1.NodePrepareResourcesResponse(claims=claims)
+        echo.bound_errors(response.claims.values(), size=response.ByteSize())
+        return response
 
     async def NodeUnprepareResources(
         self, request: v1.NodeUnprepareResourcesRequest, context: Context
@@ -115,7 +139,9 @@ class DRAService(v1_grpc.DRAPluginServicer):
             span.set_attribute("claims", len(request.claims))
             outcomes = await self._preparer.unprepare_batch(_refs(request.claims))
         claims = {uid: _unprepared(outcome) for uid, outcome in outcomes.items()}
-        return v1.NodeUnprepareResourcesResponse(claims=claims)
+        response = v1.NodeUnprepareResourcesResponse(claims=claims)
+        echo.bound_errors(response.claims.values(), size=response.ByteSize())
+        return response
 
 
 class DRAServiceV1Beta1(v1beta1_grpc.DRAPluginServicer):

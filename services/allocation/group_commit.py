@@ -20,19 +20,18 @@ while it runs take the shared path.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from shared import atomicfile, metrics
+from shared.daemon_pool import DaemonThreadPool
 
 __all__ = ["DirectoryGroupCommit"]
 
-_fsync_thread = concurrent.futures.ThreadPoolExecutor(
-    max_workers=1, thread_name_prefix="group-commit"
-)
+# A daemon thread: a directory fsync stuck on a failing disk must not hold the process at exit.
+_fsync_thread = DaemonThreadPool(max_workers=1, thread_name_prefix="group-commit")
 _meter = metrics.meter(__name__)
 _commits = _meter.create_counter(
     "dra_group_commit_changes",

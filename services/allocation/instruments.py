@@ -1,5 +1,6 @@
-"""The allocation agent's metrics: per-claim prepare/unprepare latency by outcome, and the
-number of prepared claims. Exposed at the agent's /metrics (shared/metrics.py)."""
+"""The allocation agent's metrics: per-claim prepare/unprepare latency by outcome, the
+number of prepared claims, container edits refused by the backend's allowlist, and inventories
+quarantined by the sanity rules. Exposed at the agent's /metrics (shared/metrics.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,14 @@ from opentelemetry.metrics import CallbackOptions, Histogram, Observation
 
 from shared import metrics
 
-__all__ = ["PREPARE_SECONDS", "UNPREPARE_SECONDS", "observe_prepared_claims", "timed"]
+__all__ = [
+    "INVENTORY_REJECTED",
+    "PREPARE_SECONDS",
+    "REJECTED_EDITS",
+    "UNPREPARE_SECONDS",
+    "observe_prepared_claims",
+    "timed",
+]
 
 T = TypeVar("T")
 _meter = metrics.meter("dra.allocation")
@@ -29,6 +37,21 @@ UNPREPARE_SECONDS = _meter.create_histogram(
     unit="s",
     description="Time to unprepare one claim (NodeUnprepareResources), by outcome.",
     explicit_bucket_boundaries_advisory=_BUCKETS_S,
+)
+
+REJECTED_EDITS = _meter.create_counter(
+    "dra_prepare_rejected_edits",
+    unit="1",
+    description="CDI container edits refused at prepare because the node's backend never makes "
+    "them (a forged or damaged inventory), by backend and kind of edit.",
+)
+
+INVENTORY_REJECTED = _meter.create_counter(
+    "dra_inventory_rejected",
+    unit="1",
+    description="Inventories of this node quarantined by the sanity rules (the last good one "
+    "stayed in force), by reason: empty, generation_backwards, generation_reused, "
+    "backend_changed.",
 )
 
 

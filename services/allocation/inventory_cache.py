@@ -2,7 +2,9 @@
 
 A prepare never waits on NATS: it resolves devices against this cache. The copy on disk
 (`inventory.pb`, binary protobuf) lets a restarted agent prepare while NATS is still down.
-Only the inventory watcher writes here.
+Only the inventory watcher writes here. An inventory that fails the sanity rules (`sanity`:
+no devices, a generation going backwards or reused for other content) is quarantined: logged,
+counted (`dra_inventory_rejected_total`), and the last good inventory stays in force.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from pathlib import Path
 
 import structlog
 
-from shared import atomicfile
+from services.allocation import instruments
+from shared import atomicfile, inventory_sanity
 from shared.bus import codec
 from shared.errors import MalformedMessageError
 from shared.pb.drasuite.v1 import inventory_pb2
@@ -62,6 +65,18 @@ class InventoryCache:
             return False
         encoded = codec.encode(inventory)
         if encoded == self._encoded:
+            return False
+        if (
+            reason := inventory_sanity.problem(inventory, last=self._inventory, same_backend=True)
+        ) is not None:
+            instruments.INVENTORY_REJECTED.add(1, {"reason": reason})
+            log.warning(
+                "inventory_quarantined",
+                reason=reason,
+                generation=inventory.generation,
+                kept_generation=self._inventory.generation if self._inventory else None,
+                devices=len(inventory.devices),
+            )
             return False
         # Disk first, memory second: once an inventory is served it also survives a restart.
         try:

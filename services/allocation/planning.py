@@ -15,9 +15,10 @@ a config that also sets `partition.profile` for it fails the claim.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
-from services.allocation import cdi, opaque
+from services.allocation import cdi, cdi_edits, edit_allowlist, opaque
 from services.allocation.cdi_edits import CLAIM_UID_ENV, DEVICES_ENV, DeviceUse, claim_edits
 from services.allocation.checkpoint import (
     ClaimState,
@@ -54,16 +55,30 @@ def plan(
     configs = opaque.resolve(claim.configs, requests, driver=driver, claim_uid=ref.uid)
     made = partitions or {}
     wanted = _partitions_wanted(resolved, configs, made, claim_uid=ref.uid)
+    names = cdi.device_names(ref.uid, [(r.request, r.device, r.share_id) for r, _ in resolved])
     spec = None
     if resolved and all(p.partition_id for p in wanted):
-        spec = _spec(claim, resolved, configs, made, driver=driver, backend=_backend(inventory))
+        spec = _spec(
+            claim, resolved, configs, made, names=names, driver=driver, backend=_backend(inventory)
+        )
+    elif resolved:
+        # No partition is made of a device whose own edits its backend would not make.
+        cdi_edits.check_devices(
+            backend=_backend(inventory),
+            claim_uid=ref.uid,
+            devices=[device for _, device in resolved],
+            partitioned={p.device for p in wanted},
+        )
     return PreparedClaim(
         uid=ref.uid,
         namespace=ref.namespace,
         name=ref.name,
         driver=driver,
         state=ClaimState.PREPARE_STARTED,
-        devices=tuple(_prepared_device(ref.uid, result, driver=driver) for result, _ in resolved),
+        devices=tuple(
+            _prepared_device(result, name=name, driver=driver)
+            for (result, _), name in zip(resolved, names, strict=True)
+        ),
         cdi_spec=spec,
         device_configs={
             request: opaque.encode(config, driver=driver) for request, config in configs.items()
@@ -72,9 +87,8 @@ def plan(
     )
 
 
-def _prepared_device(claim_uid: str, result: DeviceResult, *, driver: str) -> PreparedDevice:
+def _prepared_device(result: DeviceResult, *, name: str, driver: str) -> PreparedDevice:
     """The answer for one result; its CDI ID depends on the claim alone (never on partitions)."""
-    name = cdi.device_name(claim_uid, result.device, result.share_id)
     return PreparedDevice(
         request_names=(result.request,),
         pool=result.pool,
@@ -94,6 +108,7 @@ def _spec(
     configs: Mapping[str, opaque.DeviceConfig],
     partitions: Mapping[str, Partition],
     *,
+    names: Sequence[str],
     driver: str,
     backend: str,
 ) -> dict[str, object]:
@@ -109,7 +124,10 @@ def _spec(
         for result, device in resolved
     ]
     edits = claim_edits(backend=backend, claim_uid=uid, uses=uses, configs=configs)
-    spec = cdi.build_spec(driver=driver, devices=edits.devices, common_nodes=edits.common_nodes)
+    # One CDI device per use, named as the kubelet's answer names it (`cdi.device_names`).
+    devices = [replace(d, name=n) for d, n in zip(edits.devices, names, strict=True)]
+    spec = cdi.build_spec(driver=driver, devices=devices, common_nodes=edits.common_nodes)
+    edit_allowlist.check_spec(spec, claim_uid=uid, backend=backend)
     if problems := cdi.validate(spec):
         raise ClaimError(
             f"prepare claim {uid}: invalid CDI spec: {'; '.join(problems)}", claim_uid=uid

@@ -23,12 +23,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator, Coroutine, Sequence
+from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
 from typing import Any, Protocol, TypeVar
 
 import structlog
 
-from services.allocation import instruments
+from services.allocation import batch, echo, edit_allowlist, instruments
 from services.allocation.cdi import CDIWriter
 from services.allocation.checkpoint import (
     CheckpointStore,
@@ -37,7 +37,7 @@ from services.allocation.checkpoint import (
     PreparedPartition,
     safe_uid,
 )
-from services.allocation.claims import AllocatedClaim, ClaimRef
+from services.allocation.claims import AllocatedClaim, ClaimRef, PodRef
 from services.allocation.partitions import Partition, PartitionManager, on_demand_option
 from services.allocation.planning import CLAIM_UID_ENV, DEVICES_ENV, find_device, plan
 from services.allocation.serialize import InstanceLock
@@ -52,6 +52,7 @@ __all__ = [
     "ClaimPreparer",
     "ClaimSource",
     "InventorySource",
+    "PreparedClaimSink",
     "plan",
 ]
 
@@ -66,9 +67,19 @@ _POLL_S = 0.05
 
 
 class ClaimSource(Protocol):
-    """Where allocated claims come from (the API server through `claims.ClaimReader`)."""
+    """Where allocated claims come from (the API server through `claims.ClaimReader`); a
+    read with a `deadline` (event loop time) ends by then."""
 
-    async def read(self, ref: ClaimRef) -> AllocatedClaim: ...
+    async def read(self, ref: ClaimRef, *, deadline: float | None = None) -> AllocatedClaim: ...
+
+
+class PreparedClaimSink(Protocol):
+    """Where completed prepares and unprepares are announced (`claim_publisher`); both calls
+    return at once, so that a prepare never waits on NATS."""
+
+    def prepared(self, record: PreparedClaim, *, pods: Sequence[PodRef] | None) -> None: ...
+
+    def unprepared(self, uid: str) -> None: ...
 
 
 class InventorySource(Protocol):
@@ -113,7 +124,9 @@ class ClaimPreparer:
         inventory_wait_s: float = 10.0,
         crash_at: str = "",
         partitions: PartitionManager | None = None,
+        announce: PreparedClaimSink | None = None,
     ) -> None:
+        """`announce`: told of each completed prepare and unprepare (the prepared-claims KV)."""
         self._claims = claims
         self._inventory = inventory
         self._checkpoints = checkpoints
@@ -125,24 +138,27 @@ class ClaimPreparer:
         self._inventory_wait_s = inventory_wait_s
         self._crash_at = crash_at
         self._partitions = partitions
+        self._announce = announce
 
     async def prepare_batch(
-        self, refs: Sequence[ClaimRef]
+        self, refs: Sequence[ClaimRef], *, deadline: float | None = None
     ) -> dict[str, PreparedClaim | ClaimError]:
-        """Prepare every claim; a ClaimError is that claim's answer, anything else propagates."""
-        steps = (instruments.timed(instruments.PREPARE_SECONDS, self.prepare(r)) for r in refs)
-        outcomes = await asyncio.gather(*steps, return_exceptions=True)
-        return _collect(refs, outcomes)
+        """Prepare every claim (`batch.MAX_IN_FLIGHT` at once); a ClaimError is that claim's
+        answer, anything else propagates. By `deadline` (event loop time) claim reads end
+        and no claim starts: those get their own error, so that the call answers in time."""
+
+        async def step(ref: ClaimRef) -> PreparedClaim:
+            return await instruments.timed(
+                instruments.PREPARE_SECONDS, self.prepare(ref, deadline=deadline)
+            )
+
+        return _collect(refs, await batch.run(refs, step))
 
     async def unprepare_batch(self, refs: Sequence[ClaimRef]) -> dict[str, ClaimError | None]:
-        outcomes = await asyncio.gather(
-            *(
-                instruments.timed(instruments.UNPREPARE_SECONDS, self.unprepare(ref))
-                for ref in refs
-            ),
-            return_exceptions=True,
-        )
-        return _collect(refs, outcomes)
+        async def step(ref: ClaimRef) -> None:
+            await instruments.timed(instruments.UNPREPARE_SECONDS, self.unprepare(ref))
+
+        return _collect(refs, await batch.run(refs, step))
 
     @contextlib.asynccontextmanager
     async def _serialized(self, uid: str) -> AsyncIterator[None]:
@@ -152,25 +168,30 @@ class ClaimPreparer:
                 await asyncio.to_thread(self._checkpoints.sync)
             yield
 
-    async def prepare(self, ref: ClaimRef) -> PreparedClaim:
+    async def prepare(self, ref: ClaimRef, *, deadline: float | None = None) -> PreparedClaim:
         _check(ref, action="prepare")
+        if deadline is not None and asyncio.get_running_loop().time() >= deadline:
+            raise ClaimError(
+                f"prepare claim {ref}: not started within the call's time budget "
+                "(too many claims in one call); the kubelet retries",
+                claim_uid=ref.uid,
+            )
         with (
-            structlog.contextvars.bound_contextvars(
-                claim_uid=ref.uid, namespace=ref.namespace, claim=ref.name
-            ),
+            _claim_log_context(ref),
             tracer.start_as_current_span("allocation.prepare_claim") as span,
         ):
             span.set_attribute("claim_uid", ref.uid)
             await self._inventory_known(ref)
-            deadline = asyncio.get_running_loop().time() + self._replaced_wait_s
+            replaced_deadline = asyncio.get_running_loop().time() + self._replaced_wait_s
             while True:
                 async with self._serialized(ref.uid):
                     previous = self._previous_preparation(ref)
                     if previous is None:
-                        return await self._prepare_locked(ref)
+                        with _reporting_forbidden_edits():
+                            return await self._prepare_locked(ref, deadline=deadline)
                 # Wait outside the locks: the old UID's unprepare (here or in another instance)
                 # needs them.
-                if asyncio.get_running_loop().time() >= deadline:
+                if asyncio.get_running_loop().time() >= replaced_deadline:
                     raise ClaimError(
                         f"claim {ref}: previous preparation {previous} not yet unprepared",
                         claim_uid=ref.uid,
@@ -202,7 +223,7 @@ class ClaimPreparer:
         others = self._checkpoints.uids_named(ref.namespace, ref.name)
         return others[0] if others else None
 
-    async def _prepare_locked(self, ref: ClaimRef) -> PreparedClaim:
+    async def _prepare_locked(self, ref: ClaimRef, *, deadline: float | None) -> PreparedClaim:
         record = self._checkpoints.get(ref.uid)
         if record is not None and (record.namespace, record.name) != (ref.namespace, ref.name):
             raise ClaimUIDMismatchError(
@@ -211,12 +232,19 @@ class ClaimPreparer:
                 claim_uid=ref.uid,
             )
         if record is not None and record.state is ClaimState.PREPARE_COMPLETED:
+            if not self._checkpoints.stored(ref.uid):
+                # Never answer from memory what the disk no longer holds: a restart would
+                # not know the claim. Written back first (its directory too, if gone).
+                await self._checkpoints.put(record)
+                log.warning("checkpoint_record_restored")
             if record.cdi_spec is not None and not self._cdi.exists(ref.uid):
                 await self._write_spec(record)
             log.info("claim_prepare_repeated", devices=len(record.devices))
+            self._announce_prepared(record, claim=None)
             return record
+        claim: AllocatedClaim | None = None
         if record is None:
-            claim = await self._claims.read(ref)
+            claim = await self._claims.read(ref, deadline=deadline)
             record = plan(claim, self._inventory.current, driver=self._driver)
             if record.partitions:
                 self._check_partitions(record)
@@ -231,7 +259,8 @@ class ClaimPreparer:
         elif record.partitions and record.cdi_spec is None:
             # Crashed before its partitions were all made: make the rest (the ones made are
             # found, not made again) and plan the spec with them.
-            record = await self._make_partitions(record, await self._claims.read(ref))
+            claim = await self._claims.read(ref, deadline=deadline)
+            record = await self._make_partitions(record, claim)
             await self._write_spec(record)
         else:
             # A PrepareStarted record (a crash or failure mid-way) is finished from its stored
@@ -241,7 +270,13 @@ class ClaimPreparer:
         await self._checkpoints.put(record)
         self._crash_point("prepare-completed")
         log.info("claim_prepared", devices=[d.device for d in record.devices])
+        self._announce_prepared(record, claim=claim)
         return record
+
+    def _announce_prepared(self, record: PreparedClaim, *, claim: AllocatedClaim | None) -> None:
+        """Pods from the claim read by this prepare; None lets the sink find them."""
+        if self._announce is not None:
+            self._announce.prepared(record, pods=claim.pods if claim is not None else None)
 
     async def _start(self, record: PreparedClaim) -> None:
         """PrepareStarted and the CDI spec of a claim without partitions, concurrently. When
@@ -322,9 +357,7 @@ class ClaimPreparer:
     async def unprepare(self, ref: ClaimRef) -> None:
         _check(ref, action="unprepare")
         with (
-            structlog.contextvars.bound_contextvars(
-                claim_uid=ref.uid, namespace=ref.namespace, claim=ref.name
-            ),
+            _claim_log_context(ref),
             tracer.start_as_current_span("allocation.unprepare_claim"),
         ):
             async with self._serialized(ref.uid):
@@ -341,6 +374,8 @@ class ClaimPreparer:
                     await self._partitions.delete_claim(ref.uid)
                 await self._checkpoints.delete(ref.uid)
                 log.info("claim_unprepared", was_prepared=was_prepared)
+                if self._announce is not None:
+                    self._announce.unprepared(ref.uid)
 
     async def recover(self) -> None:
         """At start: rewrite lost specs of prepared claims, remove specs of unknown claims.
@@ -360,13 +395,22 @@ class ClaimPreparer:
                     log.warning("cdi_spec_regenerated", claim_uid=record.uid)
             for uid in self._cdi.claim_uids():
                 if self._checkpoints.get(uid) is None:
-                    await self._cdi.remove(uid)
-                    log.warning("cdi_spec_orphan_removed", claim_uid=uid)
+                    await self._remove_orphan_spec(uid)
             await self._remove_orphan_partitions()
 
+    async def _remove_orphan_spec(self, uid: str) -> None:
+        """A spec without a record is an orphan, unless the checkpoint directory itself was
+        lost: then the kubelet may believe its claim prepared, and its unprepare removes it."""
+        if self._checkpoints.lost_at_start:
+            log.warning("cdi_spec_kept_without_record", claim_uid=uid)
+            return
+        await self._cdi.remove(uid)
+        log.warning("cdi_spec_orphan_removed", claim_uid=uid)
+
     async def _remove_orphan_partitions(self) -> None:
-        """Partitions of claims without a record: made before a record was quarantined."""
-        if self._partitions is None:
+        """Partitions of claims without a record: made before a record was quarantined. Kept
+        when the checkpoint directory was lost (see `_remove_orphan_spec`)."""
+        if self._partitions is None or self._checkpoints.lost_at_start:
             return
         try:
             existing = await self._partitions.partitions()
@@ -398,9 +442,42 @@ def _carved_from(
     return parent, option.placement
 
 
+@contextlib.contextmanager
+def _reporting_forbidden_edits() -> Iterator[None]:
+    """A security log line and the rejected-edits metric for each edit the allowlist refused
+    (a forged or damaged inventory); the claim still fails with the error."""
+    try:
+        yield
+    except edit_allowlist.ForbiddenEditError as exc:
+        backend = exc.backend if exc.backend in edit_allowlist.BACKENDS else "unknown"
+        for rejected in exc.rejected:
+            instruments.REJECTED_EDITS.add(1, {"backend": backend, "kind": rejected.kind})
+            log.warning(
+                "cdi_edit_rejected",
+                security=True,
+                backend=backend,
+                device=rejected.device,
+                kind=rejected.kind,
+                edit=rejected.edit,
+            )
+        raise
+
+
 def _check(ref: ClaimRef, *, action: str) -> None:
     if not safe_uid(ref.uid):
-        raise ClaimError(f"{action} claim {ref}: malformed uid {ref.uid!r}", claim_uid=ref.uid)
+        raise ClaimError(
+            f"{action} claim {ref}: malformed uid {echo.clip(ref.uid, 128)!r}",
+            claim_uid=ref.uid,
+        )
+
+
+def _claim_log_context(ref: ClaimRef) -> contextlib.AbstractContextManager[Any]:
+    """The claim's fields on every log line of its work; clipped, as the kubelet sent them."""
+    return structlog.contextvars.bound_contextvars(
+        claim_uid=echo.clip(ref.uid, 128),
+        namespace=echo.clip(ref.namespace, 63),
+        claim=echo.clip(ref.name),
+    )
 
 
 def _collect(
@@ -411,10 +488,10 @@ def _collect(
         if isinstance(outcome, ClaimError):
             log.warning(
                 "claim_failed",
-                claim_uid=ref.uid,
-                namespace=ref.namespace,
-                claim=ref.name,
-                error=str(outcome),
+                claim_uid=echo.clip(ref.uid, 128),
+                namespace=echo.clip(ref.namespace, 63),
+                claim=echo.clip(ref.name),
+                error=echo.clip(str(outcome), echo.MAX_ERROR_CHARS),
             )
             answers[ref.uid] = outcome
         elif isinstance(outcome, BaseException):

@@ -1,8 +1,10 @@
 """One gRPC server on one unix socket: start (stale file removed, bound, owner-only), wait for
-its end, stop (with grace, socket file removed). The filesystem part lives in `sockets`."""
+its end, stop (with grace; the socket file removed unless another process now serves on it).
+The filesystem part lives in `sockets`."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,26 +24,32 @@ AddServices = Callable[[grpc.aio.Server], None]
 
 async def start(path: Path, add_services: AddServices) -> grpc.aio.Server:
     """Serve the services on the unix socket `path`; the caller must `stop` it."""
-    sockets.clear_stale(path)
+    await asyncio.to_thread(sockets.clear_stale, path)
+    staged = sockets.staging_path(path)
     server = grpc.aio.server(interceptors=[DecodeGuard()])
     add_services(server)
     try:
-        server.add_insecure_port(sockets.address(path))
+        server.add_insecure_port(sockets.address(staged))
     except RuntimeError as exc:
         raise SocketBindError(f"socket {path}: bind failed: {exc}", path=str(path)) from exc
     await server.start()
     try:
-        sockets.restrict(path)
+        sockets.restrict(staged)
+        await asyncio.to_thread(sockets.publish, staged, path)
     except SocketBindError:
-        await stop(server, path, grace_s=0)
+        await server.stop(0)  # gRPC removes the staging path; `path` is not ours
         raise
     log.info("socket_serving", path=str(path))
     return server
 
 
 async def stop(server: grpc.aio.Server, path: Path, *, grace_s: float) -> None:
-    """Stop serving (calls in flight get `grace_s`) and remove the socket file."""
-    await server.stop(grace_s)
+    """Stop serving (calls in flight get `grace_s`) and remove the socket file, unless another
+    process serves on it now: then it is that process's file, not ours."""
+    await server.stop(grace_s)  # gRPC unlinks the staging path, long renamed
+    if await asyncio.to_thread(sockets.serving, path):
+        log.warning("socket_left_to_its_server", path=str(path))
+        return
     sockets.remove(path)
     log.info("socket_closed", path=str(path))
 

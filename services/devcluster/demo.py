@@ -14,7 +14,7 @@ from typing import Any, TextIO
 
 from services.devcluster import flow
 from services.devcluster.kubelet import KubeletClaim, KubeletEmulator
-from services.devcluster.stack import LocalStack, StackConfig
+from services.devcluster.stack import OPEN_BUS_WARNING, LocalStack, StackConfig
 from services.dractl.session import open_bus
 from shared.bus.connection import Bus
 from shared.kube.client import KubeClient
@@ -69,6 +69,7 @@ async def run_demo(config: StackConfig, *, out: TextIO = sys.stdout) -> int:
     async with LocalStack(config) as stack:
         assert stack.nats is not None
         say.detail(f"nats-server at {stack.nats.url}; kubeconfig {config.kubeconfig}")
+        say.detail(OPEN_BUS_WARNING)
         say.detail("agents: " + ", ".join(f"{n} (pid {p.pid})" for n, p in stack.agents.items()))
         try:
             async with open_bus(stack.nats_settings) as bus, stack.kube() as kube:

@@ -1,7 +1,9 @@
 """What a dev or test nats-server demands of its clients, rendered into a nats-server config file.
 
 Users with passwords, a token, nkey users, decentralized JWT trust (an operator and its
-accounts, see `natsjwt`), and TLS with optional client-certificate verification (mutual TLS).
+accounts, see `natsjwt`), auth callout with config-mode accounts (the production model: every
+client but the auth service's own user is admitted by `dra-nats-auth`), and TLS with optional
+client-certificate verification (mutual TLS).
 A server without a `ServerAuth` keeps the harness's old behaviour: no config file, no auth.
 """
 
@@ -12,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["JWTTrust", "ServerAuth", "ServerTLS", "render_config"]
+__all__ = ["AuthCallout", "JWTTrust", "ServerAuth", "ServerTLS", "render_config"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -41,6 +43,23 @@ class JWTTrust:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class AuthCallout:
+    """Config-mode accounts `DRA` (JetStream), `AUTH` (the callout's own user) and `SYS`.
+
+    nats-server asks the auth service (user `auth_user` of account AUTH) about every other
+    client; the service answers with a user JWT for `app_account`, signed by `issuer`.
+    """
+
+    issuer: str
+    """Public key (A...) of the issuer account nkey the auth service signs with."""
+    auth_password: str
+    xkey: str = ""
+    """Public curve key (X...) of the auth service: requests are sealed to it."""
+    auth_user: str = "dra-nats-auth"
+    app_account: str = "DRA"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ServerAuth:
     users: Mapping[str, str] = field(default_factory=dict)
     """User name -> plain-text password (a test server; never a real deployment's habit)."""
@@ -48,6 +67,7 @@ class ServerAuth:
     nkeys: tuple[str, ...] = ()
     """Public keys (U...) of nkey users."""
     jwt: JWTTrust | None = None
+    callout: AuthCallout | None = None
     tls: ServerTLS | None = None
 
     def __post_init__(self) -> None:
@@ -55,6 +75,8 @@ class ServerAuth:
             raise ValueError("nats-server takes a token or a users list, not both")
         if self.jwt is not None and (self.token or self.users or self.nkeys):
             raise ValueError("JWT trust replaces the authorization block; give one of them")
+        if self.callout is not None and (self.token or self.users or self.nkeys or self.jwt):
+            raise ValueError("auth callout brings its own accounts; give no other auth")
         if any(not key.startswith("U") for key in self.nkeys):
             raise ValueError("nkey users are public user keys (U...)")
 
@@ -82,6 +104,8 @@ def render_config(auth: ServerAuth) -> str:
         lines += ["resolver_preload: {"]
         lines += [f"  {key}: {_quote(jwt)}" for key, jwt in auth.jwt.account_jwts.items()]
         lines += ["}"]
+    if auth.callout is not None:
+        lines += _callout_lines(auth.callout)
     if auth.tls is not None:
         tls = auth.tls
         lines += ["tls {", f"  cert_file: {_quote(tls.cert_file)}"]
@@ -90,3 +114,25 @@ def render_config(auth: ServerAuth) -> str:
             lines += [f"  ca_file: {_quote(tls.ca_file)}"]
         lines += [f"  verify: {'true' if tls.verify_clients else 'false'}", "  timeout: 5", "}"]
     return "\n".join(lines) + "\n"
+
+
+def _callout_lines(callout: AuthCallout) -> list[str]:
+    xkey = [f"    xkey: {_quote(callout.xkey)}"] if callout.xkey else []
+    return [
+        "accounts {",
+        f"  {callout.app_account}: {{ jetstream: enabled }}",
+        "  AUTH: { users: [",
+        f"    {{user: {_quote(callout.auth_user)}, password: {_quote(callout.auth_password)}}}",
+        "  ] }",
+        "  SYS: {}",
+        "}",
+        "system_account: SYS",
+        "authorization {",
+        "  auth_callout {",
+        f"    issuer: {_quote(callout.issuer)}",
+        f"    auth_users: [{_quote(callout.auth_user)}]",
+        "    account: AUTH",
+        *xkey,
+        "  }",
+        "}",
+    ]

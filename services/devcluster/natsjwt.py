@@ -1,23 +1,21 @@
 """Mint NATS decentralized-auth JWTs for a dev or test server: one operator, one account, users.
 
-What `nsc` does, in the small: ed25519 nkeys sign JWT v2 claims (`alg: ed25519-nkey`). The
-account has unlimited JetStream, so a user of it can do everything the agents need. Users come
-out as `.creds` files, the format `--nats-creds-file` reads.
+What `nsc` does, in the small: ed25519 nkeys sign JWT v2 claims (`alg: ed25519-nkey`, framed
+by PyJWT through `services.natsauth.nkeyjwt`). The account has unlimited JetStream, so a user
+of it can do everything the agents need. Users come out as `.creds` files, the format
+`--nats-creds-file` reads.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import json
-import os
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import nkeys  # type: ignore[import-untyped]  # ships no type hints
 
 from services.devcluster.natsauth import JWTTrust
+from services.natsauth import nkeyjwt
+from services.natsauth.keys import SigningKey, new_signing_seed
 
 __all__ = ["NKey", "Operator", "new_nkey"]
 
@@ -28,33 +26,19 @@ _UNLIMITED = -1
 class NKey:
     seed: str
     public: str
+    prefix: int
+    """nkeys.PREFIX_BYTE_{OPERATOR,ACCOUNT,USER}."""
 
 
 def new_nkey(prefix: int) -> NKey:
     """A fresh key pair; `prefix` is one of nkeys.PREFIX_BYTE_{OPERATOR,ACCOUNT,USER}."""
-    seed = nkeys.encode_seed(os.urandom(32), prefix)
-    keypair = nkeys.from_seed(bytearray(seed))
-    public = bytes(keypair.public_key).decode()
-    keypair.wipe()
-    return NKey(seed=bytes(seed).decode(), public=public)
-
-
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+    seed = new_signing_seed(prefix)
+    return NKey(seed=seed, public=SigningKey.from_seed(seed, prefix).public, prefix=prefix)
 
 
 def _encode(claims: dict[str, Any], signer: NKey) -> str:
-    claims = {**claims, "iat": int(time.time()), "jti": ""}
-    digest = hashlib.sha256(json.dumps(claims, sort_keys=True).encode()).digest()
-    claims["jti"] = base64.b32encode(digest).decode().rstrip("=")
-    header = _b64(json.dumps({"typ": "JWT", "alg": "ed25519-nkey"}).encode())
-    signing_input = f"{header}.{_b64(json.dumps(claims).encode())}"
-    keypair = nkeys.from_seed(bytearray(signer.seed.encode()))
-    try:
-        signature = bytes(keypair.sign(signing_input.encode()))
-    finally:
-        keypair.wipe()
-    return f"{signing_input}.{_b64(signature)}"
+    body = {key: value for key, value in claims.items() if key != "iss"}  # the signer is `iss`
+    return nkeyjwt.encode(body, signer=SigningKey.from_seed(signer.seed, signer.prefix))
 
 
 class Operator:

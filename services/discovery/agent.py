@@ -1,7 +1,9 @@
 """The discovery agent: wiring of the backend, scanner, inventory publisher and slice reconciler.
 
 No domain logic here. Tasks: `bus-connector`, `device-watcher`, `device-scanner`,
-`inventory-publisher`, `slice-reconciler`, `scan-reporter` (Events on failed scans), and with
+`inventory-publisher`, `inventory-guard` (puts back the inventory over a foreign value),
+`slice-reconciler` (or `slice-withdrawer` with `--publish-slices false`: no slices on a
+device-plugin node), `scan-reporter` (Events on failed scans), and with
 `--publish-device-taints` `taint-watcher` (the health KV). `published` (first successful slice
 sync) is the readiness signal; `ready` is set by the supervisor once the tasks are started.
 """
@@ -13,12 +15,13 @@ import contextlib
 
 import structlog
 
-from services.discovery import backends, events, inventory, taints
+from services.discovery import backends, events, frontmode, inventory, taints
 from services.discovery.config import DiscoveryConfig
 from services.discovery.publisher import InventoryPublisher
 from services.discovery.reconciler import SliceReconciler
 from services.discovery.scanner import DeviceScanner
 from services.discovery.scanreport import ScanReporter
+from services.discovery.withdrawer import SliceWithdrawer
 from shared import opsserver
 from shared.bus.connection import Bus
 from shared.errors import ProgrammingError
@@ -50,6 +53,10 @@ class DiscoveryAgent:
         self._scanner: DeviceScanner | None = None
         self._publisher: InventoryPublisher | None = None
         self._reconciler: SliceReconciler | None = None
+        self._withdrawer: SliceWithdrawer | None = None
+        self._slices: SliceReconciler | SliceWithdrawer | None = None
+        """The one of the two that runs, once the node's kubelet front is known."""
+        self._kube: KubeClient | None = None
         self._taints: taints.DeviceTaints | None = None
         self._reporter: ScanReporter | None = None
 
@@ -61,7 +68,12 @@ class DiscoveryAgent:
             if isinstance(backend, backends.Closeable):
                 resources.callback(backend.close)
         self.backend = backend
-        self._bus = Bus(config.nats, name=f"dra-discovery/{config.node_name}")
+        self._bus = Bus(
+            config.nats,
+            name=f"dra-discovery/{config.node_name}",
+            component="discovery",
+            node=config.node_name,
+        )
         resources.push_async_callback(self._bus.close)
         kube = await KubeClient.connect(config.kube)
         resources.push_async_callback(kube.close)
@@ -81,6 +93,7 @@ class DiscoveryAgent:
         )
         if config.publish_device_taints:
             self._taints = taints.DeviceTaints(driver=config.driver_name, node=config.node_name)
+        self._kube = kube
         self._reconciler = SliceReconciler(
             kube,
             self._scanner,
@@ -88,6 +101,7 @@ class DiscoveryAgent:
             node=config.node_name,
             taints=self._taints,
         )
+        self._withdrawer = SliceWithdrawer(kube, driver=config.driver_name, node=config.node_name)
         await opsserver.open_ops_server(
             config.ops, resources, ready=self.ready, readiness={"slices": self._slices_published}
         )
@@ -98,13 +112,14 @@ class DiscoveryAgent:
             pool=config.pool,
             backend=backend.name,
             publish_device_taints=config.publish_device_taints,
+            publish_slices=config.publish_slices,
         )
 
     async def _slices_published(self) -> str | None:
         """Ready once the slices are published and the API server accepted all of them."""
         if not self.published.is_set():
             return "ResourceSlices not published yet"
-        rejections = self._reconciler.rejections if self._reconciler else {}
+        rejections = self._slices.rejections if self._slices else {}
         if rejections:
             first = next(iter(rejections.values()))
             return f"the API server rejected {len(rejections)} slice(s): {first}"
@@ -121,16 +136,29 @@ class DiscoveryAgent:
             "device-watcher": self.backend.watch(),
             "device-scanner": self._scanner.run(),
             "inventory-publisher": self._publisher.run(),
-            "slice-reconciler": self._reconciler.run(),
+            "inventory-guard": self._publisher.guard(),
+            "slice-reconciler": self._serve_slices(),
             "scan-reporter": self._reporter.run(),
         }
         if self._taints is not None:
             tasks["taint-watcher"] = taints.follow(self._bus, self._taints)
         for name, coro in tasks.items():
             tg.create_task(eternal(name, coro), name=name)
-        tg.create_task(self._mark_published(self._reconciler), name="readiness-watch")
 
-    async def _mark_published(self, reconciler: SliceReconciler) -> None:
-        await reconciler.published.wait()
+    async def _serve_slices(self) -> None:
+        """Eternal: publish the slices, or withdraw them on a device-plugin node."""
+        if not (self._kube and self._reconciler and self._withdrawer):
+            raise ProgrammingError("slices served before open()")
+        config = self.config
+        publish = await frontmode.publishes_slices(
+            self._kube, node=config.node_name, mode=config.publish_slices
+        )
+        self._slices = self._reconciler if publish else self._withdrawer
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._mark_published(self._slices), name="readiness-watch")
+            await self._slices.run()
+
+    async def _mark_published(self, slices: SliceReconciler | SliceWithdrawer) -> None:
+        await slices.published.wait()
         self.published.set()
         log.info("slices_published", driver=self.config.driver_name, node=self.config.node_name)

@@ -26,7 +26,7 @@ from shared.config import (
     from_args,
 )
 from shared.errors import ConfigError
-from shared.supervisor import run_agent
+from shared.supervisor import run_process
 
 __all__ = ["main", "parse_config"]
 
@@ -65,10 +65,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{SERVICE}: {exc}", file=sys.stderr)
         sys.exit(2)
     logging.configure(config.log, service=SERVICE)
-    telemetry.configure(config.telemetry, service=SERVICE)
-    metrics.configure(service=SERVICE)
+    node, driver = config.node_name, config.driver_name
+    telemetry.configure(
+        config.telemetry, service=SERVICE, node=node, driver=driver, environ=os.environ
+    )
+    metrics.configure(service=SERVICE, node=node, driver=driver, environ=os.environ)
     try:
-        code = asyncio.run(run_agent(DiscoveryAgent(config), grace_s=10.0))
+        code = asyncio.run(run_process(DiscoveryAgent(config), grace_s=10.0))
     finally:
         telemetry.shutdown()
     sys.exit(code)

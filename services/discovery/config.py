@@ -18,9 +18,12 @@ from shared.config import (
 )
 from shared.errors import ConfigError
 
-__all__ = ["BACKENDS", "DiscoveryConfig"]
+__all__ = ["BACKENDS", "KUBELET_API_LABEL", "PUBLISH_SLICES_MODES", "DiscoveryConfig"]
 
 BACKENDS = ("sim", "nvml", "ascend")
+KUBELET_API_LABEL = "dra-suite.io/kubelet-api"
+"""Node label naming the node's kubelet front: `device-plugin`, or absent/`dra` for DRA."""
+PUBLISH_SLICES_MODES = ("true", "false", "auto")
 _MIG_PROFILE = re.compile(r"^(\d+c\.)?\d+g\.\d+gb([+-][a-z]+)*$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
@@ -74,6 +77,16 @@ class DiscoveryConfig:
         help="nvml: publish resource.kubernetes.io/pciBusID (a standard attribute from 1.36).",
     )
 
+    publish_slices: str = setting(
+        "true",
+        flag="--publish-slices",
+        help="true: publish the node's devices as ResourceSlices (DRA); false: a node served "
+        "by the device-plugin front (the inventory still goes to the bus, and this driver's "
+        "slices on the node are deleted); auto: false when the Node is labelled "
+        "dra-suite.io/kubelet-api=device-plugin, read at start.",
+    )
+    """No slices on device-plugin nodes, so the scheduler never hands their devices out twice."""
+
     publish_device_taints: bool = setting(
         False,
         flag="--publish-device-taints",
@@ -110,6 +123,12 @@ class DiscoveryConfig:
                 f"driver name {self.driver_name!r} must be a lower-case DNS subdomain of at "
                 "most 63 characters",
                 field="driver_name",
+            )
+        if self.publish_slices not in PUBLISH_SLICES_MODES:
+            raise ConfigError(
+                f"publish slices {self.publish_slices!r} is not one of "
+                f"{', '.join(PUBLISH_SLICES_MODES)}",
+                field="publish_slices",
             )
         if self.backend not in BACKENDS:
             raise ConfigError(

@@ -1,11 +1,12 @@
-"""The discovery agent's metrics: failed backend scans, and whether the backend is failing now.
-Exposed at the agent's /metrics (shared/metrics.py)."""
+"""The discovery agent's metrics: failed backend scans, whether the backend is failing now, and
+inventories put back over a foreign value of the node's key. Exposed at the agent's /metrics
+(shared/metrics.py)."""
 
 from __future__ import annotations
 
 from shared import metrics
 
-__all__ = ["SCANS_FAILED", "SCAN_FAILING"]
+__all__ = ["INVENTORY_REASSERTED", "SCANS_FAILED", "SCAN_FAILING"]
 
 _meter = metrics.meter("dra.discovery")
 
@@ -18,4 +19,10 @@ SCAN_FAILING = _meter.create_up_down_counter(
     "dra_backend_scan_failing",
     unit="1",
     description="1 while the backend's scans fail (from the first failure to the next success).",
+)
+INVENTORY_REASSERTED = _meter.create_counter(
+    "dra_inventory_reasserted",
+    unit="1",
+    description="Times the node's inventory key held another value than the last published "
+    "inventory (forged, damaged or deleted) and it was put back, by reason.",
 )

@@ -3,6 +3,10 @@
 The KV value's generation grows by one per content change, continuing from what the KV held
 (so a restarted agent with the same devices writes nothing). After a NATS reconnect the value
 is read back and rewritten if it was lost. NATS being down is retried with backoff, forever.
+`guard()` watches the key: when it holds anything but the last published inventory (forged,
+damaged, deleted), that inventory is put back under a generation above the foreign one, so
+consumers that adopted it move on; logged with `security=true`, counted in
+`dra_inventory_reasserted_total`.
 """
 
 from __future__ import annotations
@@ -11,11 +15,11 @@ import asyncio
 
 import structlog
 
-from services.discovery import inventory
+from services.discovery import instruments, inventory
 from services.discovery.scanner import DeviceScanner
 from shared import telemetry
 from shared.backoff import Backoff
-from shared.bus import codec
+from shared.bus import codec, kv
 from shared.bus.connection import Bus
 from shared.cancellation import reraise_if_cancelling
 from shared.errors import BusUnavailableError, MalformedMessageError
@@ -40,6 +44,11 @@ class InventoryPublisher:
         # What the KV holds as far as we know; None until read after a (re)connect.
         self._stored: inventory_pb2.Inventory | None = None
         self._highest = 0
+        # publish() and the guard's put-back each read-then-write the key.
+        self._writing = asyncio.Lock()
+        # The connection epoch whose KV value run() has read and made right; the guard waits
+        # for it after a reconnect (a KV that lost the key is run()'s to refill, not a forgery).
+        self._checked_epoch = -1
 
     async def run(self) -> None:
         """Eternal: publish each new inventory, and re-check the KV after every reconnect."""
@@ -59,20 +68,22 @@ class InventoryPublisher:
                 continue
             backoff.reset()
             synced_epoch, synced_generation = epoch, current.generation
+            self._checked_epoch = epoch
             await self._wait_for_change(after=synced_generation, epoch=epoch)
 
     async def publish(self, current: inventory_pb2.Inventory, *, reread: bool) -> bool:
         """Put `current` unless the KV already holds the same content; True when it wrote."""
         bucket = self.bus.names.inventory_bucket
         with telemetry.tracer(__name__).start_as_current_span("discovery.publish_inventory"):
-            if reread or self._stored is None:
-                self._stored = await self._read(bucket)
-            to_put = inventory.successor(self._stored, current, floor=self._highest)
-            if to_put is None:
-                self.published.set()
-                return False
-            await self.bus.kv_put(bucket, self.key, codec.encode(to_put))
-        self._stored, self._highest = to_put, to_put.generation
+            async with self._writing:
+                if reread or self._stored is None:
+                    self._stored = await self._read(bucket)
+                to_put = inventory.successor(self._stored, current, floor=self._highest)
+                if to_put is None:
+                    self.published.set()
+                    return False
+                await self.bus.kv_put(bucket, self.key, codec.encode(to_put))
+                self._stored, self._highest = to_put, to_put.generation
         self.published.set()
         log.info(
             "inventory_published",
@@ -103,6 +114,50 @@ class InventoryPublisher:
         self._highest = max(self._highest, stored.generation)
         return stored
 
+    async def guard(self) -> None:
+        """Eternal: put back the last published inventory whenever the key holds another value.
+
+        Each change is checked against a fresh read (a late event of our own earlier put is no
+        foreign value). Only once `run()` has read the key on the current connection: before,
+        it re-reads and rewrites the key itself. A put-back that fails on NATS is left to
+        `run()` likewise, after the reconnect.
+        """
+        bucket = self.bus.names.inventory_bucket
+        async for change in kv.watch(self.bus, bucket=bucket, keys=self.key):
+            if change.synced or change.key != self.key:
+                continue
+            try:
+                async with self._writing:
+                    await self._reassert(bucket)
+                reraise_if_cancelling()
+            except BusUnavailableError as exc:
+                log.warning("inventory_reassert_failed", key=self.key, error=str(exc))
+
+    async def _reassert(self, bucket: str) -> None:
+        published = self._stored
+        if published is None or self._checked_epoch != self.bus.epoch:
+            return  # run() has yet to read the key on this connection, and will set it right
+        data = await self.bus.kv_get(bucket, self.key)
+        found = _decoded(data)
+        if found == published:
+            return
+        restored = inventory_pb2.Inventory()
+        restored.CopyFrom(published)
+        foreign = found.generation if found is not None else 0
+        restored.generation = max(self._highest, foreign if foreign < _MAX_GENERATION else 0) + 1
+        await self.bus.kv_put(bucket, self.key, codec.encode(restored))
+        self._stored, self._highest = restored, restored.generation
+        reason = "deleted" if data is None else "unreadable" if found is None else "differs"
+        instruments.INVENTORY_REASSERTED.add(1, {"reason": reason})
+        log.warning(
+            "inventory_reasserted",
+            security=True,
+            key=self.key,
+            reason=reason,
+            foreign_generation=foreign,
+            generation=restored.generation,
+        )
+
     async def _wait_for_change(self, *, after: int, epoch: int) -> None:
         """Until the scanner has a newer inventory or NATS reconnected."""
         waiters = [
@@ -115,3 +170,13 @@ class InventoryPublisher:
             for waiter in waiters:
                 waiter.cancel()
             await asyncio.gather(*waiters, return_exceptions=True)
+
+
+def _decoded(data: bytes | None) -> inventory_pb2.Inventory | None:
+    """The KV value as an inventory (compared as a message: map order is no difference)."""
+    if data is None:
+        return None
+    try:
+        return codec.decode(inventory_pb2.Inventory, data, subject="inventory")
+    except MalformedMessageError:
+        return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Mapping
 
+from shared import quantity
 from shared.pb.drasuite.v1 import inventory_pb2
 
 __all__ = [
@@ -35,7 +36,6 @@ _SEMVER = re.compile(
     r"(-(0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(\.(0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*)?"
     r"(\+[0-9a-zA-Z-]+(\.[0-9a-zA-Z-]+)*)?$"
 )
-_QUANTITY = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+|[KMGTPE]i|[numkMGTPE])?$")
 
 
 def attribute_name(key: str, *, driver: str) -> str:
@@ -93,7 +93,7 @@ def _capacity(device: inventory_pb2.Device) -> list[str]:
     for key in sorted(device.capacity):
         if reason := _qualified_name(key):
             problems.append(f"capacity {key!r}: {reason}")
-        if not _QUANTITY.match(device.capacity[key]):
+        if not quantity.is_quantity(device.capacity[key]):
             problems.append(f"capacity {key!r}: {device.capacity[key]!r} is not a quantity")
     return problems
 
@@ -105,7 +105,7 @@ def _counters(counters: Mapping[str, str], where: str) -> list[str]:
     for name in sorted(counters):
         if not _dns_label(name):
             problems.append(f"{where}: counter {name!r} is not a DNS label")
-        if not _QUANTITY.match(counters[name]):
+        if not quantity.is_quantity(counters[name]):
             problems.append(f"{where}: counter {name!r}: {counters[name]!r} is not a quantity")
     return problems
 

@@ -1,112 +1,176 @@
-"""dractl command line: `inventory`, `health`, `fault inject|clear`, `drain`, `undrain`, `alerts`.
+"""dractl command line: `inventory`, `health`, `claims`, `fault inject|clear`, `drain`,
+`undrain`, `alerts`, `explain`, `completion`. `inventory` and `health` read one node, or the
+fleet with `--all-nodes` or a glob in `--node-name` (`'gpu-node-*'`).
 
-The only dractl module that reads argv and the environment. NATS flags have env twins like
-the agents' (`--nats-url` <-> `NATS_URL`); `--node-name` defaults to this host's name.
+The only dractl module that reads argv and the environment. Global flags go before or after
+the subcommand (`dractl inventory -o json`). NATS flags have env twins like the agents'
+(`--nats-url` <-> `NATS_URL`); `--node-name` defaults to NODE_NAME, else this host's name.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
+import shutil
 import socket
 import sys
+import typing
+from importlib import metadata
+from typing import Any, NoReturn
 
-from services.dractl import queries, render
+from services.dractl import commands, completion, explain
 from services.dractl.session import open_bus
 from shared import logging
-from shared.bus.connection import Bus
-from shared.config import LogSettings, NATSSettings, add_arguments, from_args
+from shared.config import LogSettings, NATSSettings, env_name, from_args
 from shared.errors import DraSuiteError
-from shared.pb.drasuite.v1 import health_pb2
 
 __all__ = ["main"]
 
+OUTPUTS = ("table", "wide", "json", "yaml")
+_DESCRIPTION = (
+    "What the dra-suite agents published on NATS (inventory, health, prepared claims, alerts), "
+    "and an operator's requests to them (faults, drains). Global flags go before or after the "
+    "command; every NATS flag has an env twin (--nats-url <-> NATS_URL)."
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in two lines, as kubectl prints them, not the whole usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\nSee '{self.prog} --help' for usage.\n")
+
+
+def _global_flags(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """The flags every subcommand takes too. Below the top level their default is SUPPRESS,
+    so a flag given before the subcommand is not reset by the subcommand's parser."""
+
+    def default(value: Any) -> Any:
+        return value if top else argparse.SUPPRESS
+
+    nats = parser.add_argument_group("NATS (env twins: NATS_URL, ...)")
+    hints = typing.get_type_hints(NATSSettings)
+    for field in dataclasses.fields(NATSSettings):
+        flag = field.metadata["flag"]
+        nats.add_argument(
+            flag,
+            dest=flag.lstrip("-").replace("-", "_"),
+            type=_value_type(hints[field.name]),
+            default=default(None),
+            help=f"{field.metadata['help']} [env {env_name(flag)}]" if top else argparse.SUPPRESS,
+        )
+    parser.add_argument(
+        "--node-name",
+        default=default(os.environ.get("NODE_NAME") or socket.gethostname()),
+        help="the node asked about [env NODE_NAME; default: this host's name]",
+    )
+    parser.add_argument(
+        "--driver-name",
+        default=default(os.environ.get("DRIVER_NAME", "sim.dra-suite.io")),
+        help="the DRA driver [env DRIVER_NAME; default sim.dra-suite.io]",
+    )
+    parser.add_argument(
+        "-o", "--output", choices=OUTPUTS, default=default("table"), help="output format"
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=default(False),
+        help="log NATS connection events (on stderr)",
+    )
+
+
+def _value_type(annotation: Any) -> Any:
+    """How a NATS flag's text becomes its field's value (as the agents' flags do)."""
+    if annotation is bool:
+        return lambda text: text.strip().lower() in ("1", "true", "yes", "on")
+    return annotation if annotation in (int, float) else str
+
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dractl", description=__doc__)
-    add_arguments(parser, NATSSettings)
-    parser.add_argument("--node-name", default=os.environ.get("NODE_NAME", socket.gethostname()))
-    parser.add_argument("--driver-name", default=os.environ.get("DRIVER_NAME", "sim.dra-suite.io"))
-    parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
-    parser.add_argument(
-        "-v", "--verbose", action="store_true", help="log NATS connection events (on stderr)"
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("inventory", help="devices the discovery agent published")
-    commands.add_parser("health", help="health of every device, as the health agent recorded it")
-    fault = commands.add_parser("fault", help="inject or clear a fault on a sim device")
+    parser = _Parser(prog="dractl", description=_DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"dractl {_version()}")
+    _global_flags(parser, top=True)
+    below = _Parser(add_help=False)
+    _global_flags(below, top=False)
+    subcommands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, text: str) -> argparse.ArgumentParser:
+        return subcommands.add_parser(name, help=text, description=text, parents=[below])
+
+    for name, text in (
+        ("inventory", "devices the discovery agent published"),
+        ("health", "health of every device, as the health agent recorded it"),
+    ):
+        command(name, text).add_argument(
+            "-A",
+            "--all-nodes",
+            action="store_true",
+            help="every node of the driver (a NODE column); --node-name may be a glob",
+        )
+    claims = command("claims", "claims prepared on a node (all nodes without --node)")
+    claims.add_argument("--node", help="only this node's claims")
+    fault = command("fault", "inject or clear a fault on a sim device")
     fault.add_argument("action", choices=("inject", "clear"))
     fault.add_argument("device")
     fault.add_argument("--cause", default="injected")
     fault.add_argument("--code", default="")
     fault.add_argument("--message", default="")
-    drain = commands.add_parser("drain", help="taint a device by hand (<driver>/drain)")
+    drain = command("drain", "taint a device by hand (<driver>/drain)")
     drain.add_argument("device")
     drain.add_argument("--reason", default="manual drain", help="kept on the DeviceTaintRule")
-    undrain = commands.add_parser("undrain", help="remove a device's manual drain taint")
+    undrain = command("undrain", "remove a device's manual drain taint")
     undrain.add_argument("device")
-    alerts = commands.add_parser("alerts", help="ops alerts from the alert stream")
+    alerts = command("alerts", "ops alerts from the alert stream")
     alerts.add_argument("--follow", "-f", action="store_true")
     alerts.add_argument("--last", type=int, default=20)
+    explain.register(subcommands, parents=[below])
+    shell = subcommands.add_parser("completion", help="a shell completion script")
+    shell.add_argument("shell", choices=completion.SHELLS)
     return parser
 
 
-async def _drain(bus: Bus, args: argparse.Namespace, ids: dict[str, str]) -> None:
-    drain = args.command == "drain"
-    reason = getattr(args, "reason", "")
-    await queries.drain(bus, device=args.device, drain=drain, reason=reason, **ids)
-    print(f"{args.node_name}/{args.device} {args.command}ed")
+def _version() -> str:
+    try:
+        return metadata.version("dra-suite")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
-async def _run(args: argparse.Namespace) -> int:
+async def _run(args: argparse.Namespace, output: commands.Output) -> int:
+    if args.command == "explain":  # reads the API server, not the bus
+        return await explain.run(args)
     settings = from_args(NATSSettings, args, os.environ)
-    ids = {"driver": args.driver_name, "node": args.node_name}
-    async with open_bus(settings) as bus:
-        if args.command == "inventory":
-            inv = await queries.inventory(bus, **ids)
-            if args.output == "json":
-                render.json_lines([inv], out=sys.stdout)
-            else:
-                render.inventory_table(inv, out=sys.stdout)
-        elif args.command == "health":
-            records = await queries.health(bus, **ids)
-            if args.output == "json":
-                render.json_lines(records, out=sys.stdout)
-            else:
-                render.health_table(records, out=sys.stdout)
-        elif args.command == "fault":
-            command = health_pb2.FaultCommand(
-                device=args.device,
-                clear=args.action == "clear",
-                cause=args.cause,
-                code=args.code,
-                message=args.message,
-            )
-            await queries.inject_fault(bus, command=command, **ids)
-            print(f"fault {args.action}ed on {args.node_name}/{args.device}")
-        elif args.command in ("drain", "undrain"):
-            await _drain(bus, args, ids)
-        elif args.command == "alerts":
-            async for alert in queries.alerts(bus, follow=args.follow, last=args.last):
-                if args.output == "json":
-                    render.json_lines([alert], out=sys.stdout)
-                else:
-                    print(render.alert_line(alert), flush=True)
-    return 0
+    async with open_bus(settings, timeout_s=settings.connect_timeout_s) as bus:
+        return await commands.run(bus, args, output)
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "completion":
+        sys.stdout.write(completion.script(parser, shell=args.shell, outputs=OUTPUTS))
+        sys.exit(0)
     # stdout carries only the answer (`dractl -o json ... | jq`); logs go to stderr, and only
-    # warnings unless asked for.
-    level = "info" if args.verbose else "warning"
+    # errors unless asked for.
+    # Without --verbose, not even the connection's warnings: an unreachable NATS is one line.
+    level = "info" if args.verbose else "error"
     logging.configure(LogSettings(level=level, format="console"), service="dractl")
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+    output = commands.Output(format=args.output, out=sys.stdout, err=sys.stderr, width=width)
     try:
-        code = asyncio.run(_run(args))
+        code = asyncio.run(_run(args, output))
     except DraSuiteError as exc:
         print(f"dractl: {exc}", file=sys.stderr)
         code = 1
     except KeyboardInterrupt:
         code = 130
+    except BrokenPipeError:
+        # `dractl ... | head` closed the pipe: not worth a traceback. Python's own advice:
+        # point stdout at devnull, so that the flush at exit does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 1
     sys.exit(code)

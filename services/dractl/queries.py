@@ -1,44 +1,154 @@
-"""What dractl asks the bus: inventory, device health, fault injection, drains, alerts."""
+"""What dractl asks the bus: inventory, device health, prepared claims, faults, drains, alerts.
+
+Read-only commands only bind to buckets and streams, never create them: a bucket that does
+not exist means "no data yet". A node or driver that has no inventory does not exist as far
+as the bus knows, and says so (NoSuchNodeError) instead of answering with an empty table.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import nats.errors
 import nats.js.errors
+from google.protobuf.message import Message
 from nats.js import api
+from nats.js.kv import KeyValue
 
 from shared.bus import codec
 from shared.bus.connection import Bus
+from shared.bus.subjects import token
 from shared.errors import BusUnavailableError, DraSuiteError, MalformedMessageError
-from shared.pb.drasuite.v1 import alert_pb2, health_pb2, inventory_pb2
+from shared.pb.drasuite.v1 import alert_pb2, claim_pb2, health_pb2, inventory_pb2
 
-__all__ = ["CommandError", "alerts", "drain", "health", "inject_fault", "inventory"]
+__all__ = [
+    "CommandError",
+    "NoDataError",
+    "NoSuchNodeError",
+    "alerts",
+    "check_key",
+    "claims",
+    "drain",
+    "health",
+    "inject_fault",
+    "inventory",
+    "to_stderr",
+]
+
+M = TypeVar("M", bound=Message)
+# How many known nodes a "no such node" message names.
+_NAMED_NODES = 10
+_CONTROL_TIMEOUT_S = 5.0
 
 
 class CommandError(DraSuiteError):
     """A dractl command that cannot do what was asked; printed without a traceback."""
 
 
-def _device_of(key: str, prefix: str) -> str:
-    """The device of a health key under `prefix` (`<driver>.<node>.`), or ""."""
-    device = key.removeprefix(prefix)
-    return device if device != key and "." not in device else ""
+class NoDataError(CommandError):
+    """Nothing was published on this bus yet (the bucket or stream does not exist)."""
 
 
-def _to_stderr(exc: MalformedMessageError) -> None:
+class NoSuchNodeError(CommandError):
+    """The bus knows no inventory for this node, or for this driver at all."""
+
+
+def to_stderr(exc: MalformedMessageError) -> None:
     print(f"dractl: skipped: {exc}", file=sys.stderr, flush=True)
 
 
+async def _bind(bus: Bus, bucket: str) -> KeyValue | None:
+    """The bucket if it exists; never creates it (read-only commands leave no trace)."""
+    try:
+        return await bus.js.key_value(bucket)
+    except nats.js.errors.BucketNotFoundError:
+        return None
+    except (nats.errors.Error, TimeoutError) as exc:
+        raise BusUnavailableError(f"kv bucket {bucket}: {exc}", subject=bucket) from exc
+
+
+async def _keys(kv: KeyValue) -> list[str]:
+    try:
+        return sorted(await kv.keys())
+    except nats.js.errors.NoKeysError:
+        return []
+
+
+async def _value(kv: KeyValue, key: str) -> bytes | None:
+    try:
+        entry = await kv.get(key)
+    except nats.js.errors.KeyNotFoundError:
+        return None
+    return entry.value
+
+
+async def _decode_all(
+    kv: KeyValue,
+    keys: list[str],
+    kind: type[M],
+    skipped: Callable[[MalformedMessageError], None],
+) -> list[M]:
+    messages = []
+    for key in keys:
+        data = await _value(kv, key)
+        if not data:
+            continue
+        try:
+            message = codec.decode(kind, data, subject=key)
+            check_key(message, key)
+        except MalformedMessageError as exc:  # the other keys' values still count
+            skipped(exc)
+            continue
+        messages.append(message)
+    return messages
+
+
+def check_key(message: Message, key: str) -> None:
+    """A value must name the driver and node of the key it sits under: anyone who may write
+    one node's key must not be able to show data for another node."""
+    driver, node = getattr(message, "driver", ""), getattr(message, "node", "")
+    tokens = key.split(".")
+    if tokens[:2] != [token(driver), token(node)]:
+        raise MalformedMessageError(
+            f"{key}: names driver {driver!r} and node {node!r}, not those of its key",
+            subject=key,
+        )
+
+
+async def _known_nodes(kv: KeyValue, driver: str) -> list[str]:
+    """The nodes with an inventory for `driver`, by name (decoded from a few values)."""
+    prefix = f"{token(driver)}."
+    keys = [key for key in await _keys(kv) if key.startswith(prefix)]
+    named = await _decode_all(kv, keys[:_NAMED_NODES], inventory_pb2.Inventory, lambda _: None)
+    return [inv.node for inv in named] + (["..."] if len(keys) > _NAMED_NODES else [])
+
+
 async def inventory(bus: Bus, *, driver: str, node: str) -> inventory_pb2.Inventory:
+    """The node's inventory; NoDataError / NoSuchNodeError when the bus has none."""
+    bucket = bus.names.inventory_bucket
+    kv = await _bind(bus, bucket)
+    if kv is None:
+        raise NoDataError(
+            f"no data yet: no agent has published an inventory on this bus (no bucket {bucket})"
+        )
     key = bus.names.inventory_key(driver, node)
-    data = await bus.kv_get(bus.names.inventory_bucket, key)
-    if data is None:
-        raise CommandError(f"no inventory for driver {driver} on node {node}")
-    return codec.decode(inventory_pb2.Inventory, data, subject=key)
+    data = await _value(kv, key)
+    if not data:
+        nodes = await _known_nodes(kv, driver)
+        if not nodes:
+            raise NoSuchNodeError(f"no such driver: {driver} (no node publishes for it)")
+        raise NoSuchNodeError(
+            f"no such node: {node} for driver {driver} (nodes: {', '.join(nodes)})"
+        )
+    inv = codec.decode(inventory_pb2.Inventory, data, subject=key)
+    try:
+        check_key(inv, key)
+    except MalformedMessageError as exc:
+        raise CommandError(f"inventory of {node} not shown: {exc}") from exc
+    return inv
 
 
 async def health(
@@ -46,40 +156,85 @@ async def health(
     *,
     driver: str,
     node: str,
-    skipped: Callable[[MalformedMessageError], None] = _to_stderr,
+    skipped: Callable[[MalformedMessageError], None] = to_stderr,
 ) -> list[health_pb2.DeviceHealth]:
-    """The node's health records; one that does not decode is reported to `skipped`."""
-    kv = await bus.kv(bus.names.health_bucket)
-    prefix = bus.names.health_key(driver, node, "")
-    try:
-        # Not `keys(filters=...)`: nats-py matches those as substrings, not as subjects.
-        keys = [key for key in await kv.keys() if _device_of(key, prefix)]
-    except nats.js.errors.NoKeysError:
-        return []
-    records = []
-    for key in sorted(keys):
-        data = await bus.kv_get(bus.names.health_bucket, key)
-        if data is None:
-            continue
-        try:
-            records.append(codec.decode(health_pb2.DeviceHealth, data, subject=key))
-        except MalformedMessageError as exc:  # the other devices' records still count
-            skipped(exc)
+    """The node's health records; none for a node the bus does not know is NoSuchNodeError."""
+    kv = await _bind(bus, bus.names.health_bucket)
+    keys = bus.names.health_keys(driver, node)
+    records = await _node_values(kv, keys, health_pb2.DeviceHealth, skipped) if kv else []
+    if not records:
+        await inventory(bus, driver=driver, node=node)  # raises unless the node exists
     return records
+
+
+async def claims(
+    bus: Bus,
+    *,
+    driver: str,
+    node: str | None,
+    skipped: Callable[[MalformedMessageError], None] = to_stderr,
+) -> list[claim_pb2.PreparedClaim]:
+    """Claims prepared on `node`, or on every node of `driver`; none for a node the bus does
+    not know is NoSuchNodeError."""
+    kv = await _bind(bus, bus.names.claims_bucket)
+    keys = bus.names.claim_keys(driver, node) if node else f"{token(driver)}.*.*"
+    prepared = await _node_values(kv, keys, claim_pb2.PreparedClaim, skipped) if kv else []
+    if not prepared and node is not None:
+        await inventory(bus, driver=driver, node=node)  # raises unless the node exists
+    elif not prepared:
+        await _require_driver(bus, driver)
+    return prepared
+
+
+async def _require_driver(bus: Bus, driver: str) -> None:
+    kv = await _bind(bus, bus.names.inventory_bucket)
+    if kv is None:
+        raise NoDataError(
+            "no data yet: no agent has published an inventory on this bus "
+            f"(no bucket {bus.names.inventory_bucket})"
+        )
+    if not await _known_nodes(kv, driver):
+        raise NoSuchNodeError(f"no such driver: {driver} (no node publishes for it)")
+
+
+async def _node_values(
+    kv: KeyValue, filter_: str, kind: type[M], skipped: Callable[[MalformedMessageError], None]
+) -> list[M]:
+    # Not `keys(filters=...)`: nats-py matches those as substrings, not as subjects.
+    keys = [key for key in await _keys(kv) if _matches(key, filter_)]
+    return await _decode_all(kv, keys, kind, skipped)
+
+
+def _matches(key: str, filter_: str) -> bool:
+    """A KV key against a filter of literal tokens and `*` (one token each)."""
+    tokens, wanted = key.split("."), filter_.split(".")
+    return len(tokens) == len(wanted) and all(
+        w in ("*", t) for t, w in zip(tokens, wanted, strict=True)
+    )
+
+
+async def _control(bus: Bus, subject: str, data: bytes, *, what: str) -> dict[str, Any]:
+    try:
+        reply = await bus.request(subject, data, timeout_s=_CONTROL_TIMEOUT_S)
+    except BusUnavailableError as exc:
+        raise CommandError(
+            f"no health agent answered on {subject} (is the node name right?): {exc}"
+        ) from exc
+    try:
+        answer: dict[str, Any] = json.loads(reply.data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CommandError(f"{what}: the health agent's answer is not JSON") from exc
+    if not isinstance(answer, dict) or not answer.get("ok"):
+        error = answer.get("error", "unknown error") if isinstance(answer, dict) else answer
+        raise CommandError(f"{what} refused: {error}")
+    return answer
 
 
 async def inject_fault(
     bus: Bus, *, driver: str, node: str, command: health_pb2.FaultCommand
 ) -> dict[str, Any]:
     subject = bus.names.fault_control(driver, node)
-    try:
-        reply = await bus.request(subject, codec.encode(command), timeout_s=5.0)
-    except BusUnavailableError as exc:
-        raise CommandError(f"no health agent answered on {subject}: {exc}") from exc
-    answer: dict[str, Any] = json.loads(reply.data)
-    if not answer.get("ok"):
-        raise CommandError(f"fault command refused: {answer.get('error', 'unknown error')}")
-    return answer
+    return await _control(bus, subject, codec.encode(command), what="fault command")
 
 
 async def drain(
@@ -88,14 +243,7 @@ async def drain(
     """Drain (or undrain) `device` through the node's health agent; its reply."""
     subject = bus.names.drain_control(driver, node)
     request = {"device": device, "drain": drain, "reason": reason}
-    try:
-        reply = await bus.request(subject, json.dumps(request).encode(), timeout_s=5.0)
-    except BusUnavailableError as exc:
-        raise CommandError(f"no health agent answered on {subject}: {exc}") from exc
-    answer: dict[str, Any] = json.loads(reply.data)
-    if not answer.get("ok"):
-        raise CommandError(f"drain refused: {answer.get('error', 'unknown error')}")
-    return answer
+    return await _control(bus, subject, json.dumps(request).encode(), what="drain")
 
 
 async def alerts(
@@ -103,17 +251,18 @@ async def alerts(
     *,
     follow: bool,
     last: int,
-    skipped: Callable[[MalformedMessageError], None] = _to_stderr,
+    skipped: Callable[[MalformedMessageError], None] = to_stderr,
 ) -> AsyncIterator[alert_pb2.Alert]:
     """The last `last` alerts of the stream, then (with `follow`) new ones as they arrive.
 
-    A message that is not an alert is reported to `skipped` and passed over.
+    A message that is not an alert is reported to `skipped` and passed over. A stream that
+    does not exist yet is NoDataError (binding only: dractl never creates it).
     """
     stream = bus.names.alerts_stream
     try:
         info = await bus.js.stream_info(stream)
     except nats.js.errors.NotFoundError as exc:
-        raise CommandError(f"alert stream {stream} does not exist yet") from exc
+        raise NoDataError(f"no alerts yet (no stream {stream} on this bus)") from exc
     start = max(info.state.first_seq, info.state.last_seq - last + 1)
     subscription = await bus.js.subscribe(
         bus.names.alerts_wildcard,

@@ -16,7 +16,7 @@ __all__ = ["open_bus"]
 
 @contextlib.asynccontextmanager
 async def open_bus(settings: NATSSettings, *, timeout_s: float = 5.0) -> AsyncIterator[Bus]:
-    bus = Bus(settings, name="dractl")
+    bus = Bus(settings, name="dractl", component="operator")
     connector = asyncio.create_task(bus.run(), name="bus-connector")
     try:
         try:

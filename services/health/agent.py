@@ -2,8 +2,8 @@
 
 Tasks: bus-connector, device-watcher (the monitor under its watchdog), inventory-watcher
 (partition topology), health-evaluator (the policy loop), taint-writer, drain-control,
-event-writer, pod-event-writer, alert-publisher and (with `--alert-webhook-url`)
-alert-webhook. No domain logic lives here.
+event-writer, claim-watcher (the node's prepared claims, for pod Events), pod-event-writer,
+alert-publisher and (with `--alert-webhook-url`) alert-webhook. No domain logic lives here.
 """
 
 from __future__ import annotations
@@ -14,7 +14,14 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from services.health import instruments, inventory_watcher, monitors, policyfile, rules
+from services.health import (
+    instruments,
+    inventory_watcher,
+    monitors,
+    policyfile,
+    prepared_claims,
+    rules,
+)
 from services.health.alerts import AlertPublisher
 from services.health.config import HealthConfig
 from services.health.drain import DrainControl
@@ -67,7 +74,12 @@ class HealthAgent:
         self._nvml_library = nvml_library
         self.ready = asyncio.Event()
         self._clock = clock
-        self.bus = Bus(config.nats, name=f"dra-health/{config.node_name}")
+        self.bus = Bus(
+            config.nats,
+            name=f"dra-health/{config.node_name}",
+            component="health",
+            node=config.node_name,
+        )
         self.monitor: DeviceMonitor
         self.watchdog: Watchdog
         self.drain: DrainControl
@@ -140,7 +152,10 @@ class HealthAgent:
         )
         self.taints = TaintWriter(self.kube, driver=driver, node=node, target=config.taint_target)
         self.events = NodeEventWriter(self.kube, node=node, namespace=config.event_namespace)
-        self.pod_events = PodEventWriter(self.kube, driver=driver, node=node)
+        self.prepared_claims = prepared_claims.PreparedClaims()
+        self.pod_events = PodEventWriter(
+            self.kube, claims=self.prepared_claims, driver=driver, node=node
+        )
         self.webhook = self._load_webhook()
         self.alerts = AlertPublisher(
             self.bus,
@@ -191,6 +206,12 @@ class HealthAgent:
             "taint-writer": self.taints.run(),
             "drain-control": self.drain.run(),
             "event-writer": self.events.run(),
+            "claim-watcher": prepared_claims.claim_watcher(
+                self.bus,
+                claims=self.prepared_claims,
+                driver=self.config.driver_name,
+                node=self.config.node_name,
+            ),
             "pod-event-writer": self.pod_events.run(),
             "alert-publisher": self.alerts.run(),
         }

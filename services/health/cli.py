@@ -27,7 +27,7 @@ from shared.config import (
     from_args,
 )
 from shared.errors import ConfigError
-from shared.supervisor import run_agent
+from shared.supervisor import run_process
 
 __all__ = ["GRACE_S", "main", "parse"]
 
@@ -65,8 +65,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"{SERVICE}: {exc}", file=sys.stderr)
         sys.exit(2)
     logging.configure(config.log, service=SERVICE)
-    telemetry.configure(config.telemetry, service=SERVICE)
-    metrics.configure(service=SERVICE)
-    code = asyncio.run(run_agent(HealthAgent(config), grace_s=GRACE_S))
+    node, driver = config.node_name, config.driver_name
+    telemetry.configure(
+        config.telemetry, service=SERVICE, node=node, driver=driver, environ=os.environ
+    )
+    metrics.configure(service=SERVICE, node=node, driver=driver, environ=os.environ)
+    try:
+        agent = HealthAgent(config)  # reads --policy-file: its errors are config errors too
+    except ConfigError as exc:
+        telemetry.shutdown()
+        print(f"{SERVICE}: {exc}", file=sys.stderr)
+        sys.exit(2)
+    code = asyncio.run(run_process(agent, grace_s=GRACE_S))
     telemetry.shutdown()
     sys.exit(code)

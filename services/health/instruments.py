@@ -1,4 +1,5 @@
-"""The health agent's metrics: devices by health, and alerts published by status.
+"""The health agent's metrics: devices by health, alerts published by status, and
+inventories quarantined by the sanity rules.
 Taint rule writes are counted per verb by the shared kube client (`dra_kube_requests`)."""
 
 from __future__ import annotations
@@ -11,12 +12,18 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from services.health.policy import DeviceState, Health
 from shared import metrics
 
-__all__ = ["ALERTS_PUBLISHED", "observe_device_health"]
+__all__ = ["ALERTS_PUBLISHED", "INVENTORY_REJECTED", "observe_device_health"]
 
 _meter = metrics.meter("dra.health")
 
 ALERTS_PUBLISHED = _meter.create_counter(
     "dra_alerts_published", unit="1", description="Ops alerts published, by status."
+)
+INVENTORY_REJECTED = _meter.create_counter(
+    "dra_inventory_rejected",
+    unit="1",
+    description="Inventories of this node quarantined by the sanity rules (the last good one "
+    "stayed in force), by reason: empty, generation_backwards, generation_reused.",
 )
 
 

@@ -2,7 +2,9 @@
 
 Eternal; each new or deleted inventory gives the sink a new `Topology` (empty when deleted).
 A malformed inventory, or one of another driver or node, is logged and skipped (the last
-topology stays). It only reads: the discovery agent writes it.
+topology stays); so is one that fails the sanity rules (`inventory_sanity`: no devices, a
+generation going backwards or reused), also counted in `dra_inventory_rejected_total`. It only
+reads: the discovery agent writes it.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ from collections.abc import Callable
 
 import structlog
 
-from services.health import attribution
+from services.health import attribution, instruments
 from services.health.attribution import Topology
+from shared import inventory_sanity
 from shared.bus import codec, kv
 from shared.bus.connection import Bus
 from shared.errors import MalformedMessageError
@@ -28,6 +31,8 @@ async def inventory_watcher(
 ) -> None:
     """Call `sink` with the topology of every version of the node's inventory."""
     key = bus.names.inventory_key(driver, node)
+    # Kept across deletions: a delete followed by an older inventory is still going backwards.
+    last: inventory_pb2.Inventory | None = None
     async for change in kv.watch(bus, bucket=bus.names.inventory_bucket, keys=key):
         if change.synced or change.key != key:
             continue
@@ -43,6 +48,18 @@ async def inventory_watcher(
             owner = f"{inventory.driver[:64]!r}/{inventory.node[:64]!r}"
             log.warning("inventory_malformed", node=node, error=f"{key}: inventory of {owner}")
             continue
+        if (reason := inventory_sanity.problem(inventory, last=last)) is not None:
+            instruments.INVENTORY_REJECTED.add(1, {"reason": reason})
+            log.warning(
+                "inventory_quarantined",
+                node=node,
+                reason=reason,
+                generation=inventory.generation,
+                kept_generation=last.generation if last is not None else None,
+                devices=len(inventory.devices),
+            )
+            continue
+        last = inventory
         topology = attribution.topology(inventory)
         log.debug("topology_seen", node=node, partitions=len(topology.parents))
         sink(topology)

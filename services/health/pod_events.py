@@ -1,11 +1,11 @@
 """Warning Events on the pods whose claims use a device that turned unhealthy (best effort).
 
 `emit()` queues a DeviceUnhealthy event without I/O; `run()` (the pod-event-writer task)
-takes everything queued, lists ResourceClaims once (all namespaces), finds the pods that
-reserve a claim allocated this device (`status.allocation.devices.results` for our driver,
-pool and device; `status.reservedFor` entries of resource `pods`) and writes one Event per
-pod in its namespace. Names are deterministic, so a repeat is a no-op (409); any failure is
-logged and the event dropped: pod Events are informational, never fatal.
+takes everything queued, finds the pods of the claims prepared on this node with this device
+(the allocation agent's prepared claims, `prepared_claims.PreparedClaims`: no ResourceClaim
+is read from the API server) and writes one Event per pod in its namespace. Names are
+deterministic, so a repeat is a no-op (409); any failure is logged and the event dropped: pod
+Events are informational, never fatal.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -23,10 +23,12 @@ from opentelemetry.context import Context
 
 from services.health import events
 from services.health.events import DeviceEvent
+from services.health.prepared_claims import PreparedClaims
 from shared import telemetry
 from shared.errors import KubeAlreadyExistsError, KubeError, RecoverableError
 from shared.kube.client import KubeClient
-from shared.kube.resources import EVENTS, RESOURCE_CLAIMS
+from shared.kube.resources import EVENTS
+from shared.pb.drasuite.v1 import claim_pb2
 
 __all__ = ["PodEventWriter", "PodRef", "pod_event_body", "pods_using"]
 
@@ -44,34 +46,20 @@ class PodRef:
     claim: str
 
 
-def _uses(claim: Mapping[str, Any], *, driver: str, pool: str, device: str) -> bool:
-    allocation = (claim.get("status") or {}).get("allocation") or {}
-    results = (allocation.get("devices") or {}).get("results") or []
-    return any(
-        (r.get("driver"), r.get("pool"), r.get("device")) == (driver, pool, device) for r in results
-    )
-
-
 def pods_using(
-    claims: Iterable[Mapping[str, Any]], *, driver: str, pool: str, device: str
+    claims: Iterable[claim_pb2.PreparedClaim], *, pool: str, device: str
 ) -> list[PodRef]:
-    """The pods reserving a claim allocated `driver`/`pool`/`device`, once each (pure)."""
+    """The pods of the prepared claims with `pool`/`device`, once each (pure). A pod is in its
+    claim's namespace; an entry naming another namespace is not believed."""
     found: dict[tuple[str, str], PodRef] = {}
     for claim in claims:
-        if not _uses(claim, driver=driver, pool=pool, device=device):
+        if not any((d.pool, d.device) == (pool, device) for d in claim.devices):
             continue
-        meta = claim.get("metadata") or {}
-        namespace, claim_name = str(meta.get("namespace", "")), str(meta.get("name", ""))
-        for consumer in (claim.get("status") or {}).get("reservedFor") or []:
-            if consumer.get("resource") != "pods" or consumer.get("apiGroup", ""):
+        for pod in claim.pods:
+            if pod.namespace != claim.namespace or not pod.name:
                 continue
-            pod = PodRef(
-                namespace=namespace,
-                name=str(consumer.get("name", "")),
-                uid=str(consumer.get("uid", "")),
-                claim=claim_name,
-            )
-            found.setdefault((namespace, pod.name), pod)
+            ref = PodRef(namespace=pod.namespace, name=pod.name, uid=pod.uid, claim=claim.name)
+            found.setdefault((pod.namespace, pod.name), ref)
     return list(found.values())
 
 
@@ -106,8 +94,17 @@ def pod_event_body(event: DeviceEvent, pod: PodRef, *, node: str) -> dict[str, A
 
 
 class PodEventWriter:
-    def __init__(self, kube: KubeClient, *, driver: str, node: str, queue_size: int = 256) -> None:
+    def __init__(
+        self,
+        kube: KubeClient,
+        *,
+        claims: PreparedClaims,
+        driver: str,
+        node: str,
+        queue_size: int = 256,
+    ) -> None:
         self._kube = kube
+        self._claims = claims
         self._driver = driver
         self._node = node
         self._queue: deque[tuple[DeviceEvent, str, Context | None]] = deque(maxlen=queue_size)
@@ -120,28 +117,20 @@ class PodEventWriter:
         self._pending.set()
 
     async def run(self) -> None:
-        """Eternal: one claim list per batch of queued events, then one Event per pod."""
+        """Eternal: one Event per pod of each queued event."""
         while True:
             await self._pending.wait()
             self._pending.clear()
             batch = list(self._queue)
             self._queue.clear()
-            claims = await self._claims()
+            claims = self._claims.claims()
             for event, pool, context in batch:
                 with tracer.start_as_current_span(
                     "health.write_pod_events", context=context, attributes={"device": event.device}
                 ):
-                    pods = pods_using(claims, driver=self._driver, pool=pool, device=event.device)
+                    pods = pods_using(claims, pool=pool, device=event.device)
                     for pod in pods:
                         await self._write(event, pod)
-
-    async def _claims(self) -> list[dict[str, Any]]:
-        try:
-            listed = await self._kube.list(RESOURCE_CLAIMS)
-        except (KubeError, RecoverableError) as exc:
-            log.warning("pod_events_skipped", node=self._node, error=str(exc))
-            return []
-        return list(listed.get("items") or [])
 
     async def _write(self, event: DeviceEvent, pod: PodRef) -> None:
         body = pod_event_body(event, pod, node=self._node)

@@ -41,5 +41,16 @@ def _read(path: str, base: FaultRules) -> FaultRules:
     except OSError as exc:
         raise ConfigError(f"policy file {path}: {exc.strerror}", field="policy_file") from exc
     except yaml.YAMLError as exc:
-        raise ConfigError(f"policy file {path}: not YAML: {exc}", field="policy_file") from exc
+        raise ConfigError(
+            f"policy file {path}: not YAML: {_where(exc)}", field="policy_file"
+        ) from exc
     return from_mapping(document, base=base)
+
+
+def _where(exc: yaml.YAMLError) -> str:
+    """The parser's complaint on one line: `expected ',' or ']' (line 2, column 1)`."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return (
+        problem if mark is None else f"{problem} (line {mark.line + 1}, column {mark.column + 1})"
+    )

@@ -56,6 +56,7 @@ __all__ = [
     "LABEL_DEVICE",
     "LABEL_DRIVER",
     "LABEL_NODE",
+    "RETRY_AFTER_CAP_S",
     "TARGETS",
     "VERSIONS",
     "RuleSpec",
@@ -72,6 +73,8 @@ tracer = telemetry.tracer(__name__)
 
 DRAIN_CAUSE = "drain"
 TARGETS = ("rule", "slice")
+RETRY_AFTER_CAP_S = 5.0
+"""The longest a 429's Retry-After holds back the next taint write; then it is tried again."""
 _NONE = "None"
 _FIRST_MINOR_WITH_NONE = 35
 _MINOR = re.compile(r"^\d+")
@@ -112,7 +115,7 @@ class TaintWriter:
         self._wanted = False
         self._reported = False
         self._changed = asyncio.Event()
-        self._backoff = Backoff(initial_s=0.2, max_s=10.0)
+        self._backoff = Backoff(initial_s=0.2, max_s=10.0, max_retry_after_s=RETRY_AFTER_CAP_S)
 
     def want(
         self,
@@ -211,7 +214,8 @@ class TaintWriter:
                 await self._step()
                 self._backoff.reset()
             except RecoverableError as exc:
-                # A 429's Retry-After is the least we wait (the kube client parsed it).
+                # A 429's Retry-After is the least we wait, up to RETRY_AFTER_CAP_S: a taint
+                # on a failing device must not wait minutes for an overloaded API server.
                 retry_after = exc.retry_after_s if isinstance(exc, KubeTransientError) else None
                 delay = self._backoff.next_delay(at_least_s=retry_after or 0.0)
                 log.warning("taint_sync_failed", node=self._node, error=str(exc), retry_in_s=delay)

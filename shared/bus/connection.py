@@ -8,6 +8,7 @@ connection with backoff, after which nats-py reconnects by itself. Every operati
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -25,7 +26,7 @@ from nats.js.kv import KeyValue
 
 from shared import metrics, telemetry
 from shared.backoff import Backoff
-from shared.bus import auth
+from shared.bus import auth, convergence, origin
 from shared.bus.subjects import Names
 from shared.cancellation import reraise_if_cancelling
 from shared.config import NATSSettings
@@ -41,6 +42,9 @@ _reconnects = metrics.meter(__name__).create_counter(
 
 MessageHandler = Callable[[Msg], Awaitable[None]]
 _REPEAT_LOG_INTERVAL_S = 30.0
+# Draining takes milliseconds; past this the server is gone (see _drain_or_close).
+_DRAIN_TIMEOUT_S = 3.0
+_DIRECT_GET_PAUSES_S = (0.05, 0.1, 0.2, 0.4, 0.8)
 
 # Errors that mean "NATS is not reachable right now" rather than a bad request.
 _UNAVAILABLE = (
@@ -51,6 +55,8 @@ _UNAVAILABLE = (
     nats.errors.StaleConnectionError,
     nats.errors.OutboundBufferLimitError,
     nats.js.errors.ServiceUnavailableError,
+    # A stream whose leader just died (a cluster electing another) answers nothing for a while.
+    nats.js.errors.NoStreamResponseError,
     nats.js.errors.ServerError,
     TimeoutError,
     OSError,
@@ -69,6 +75,26 @@ def _classify(exc: Exception) -> tuple[str, str]:
     if isinstance(exc, auth.CredentialsUnreadableError):
         return "nats_credentials_unreadable", error
     return "nats_error", error
+
+
+async def _drain_or_close(nc: NATSClient, *, timeout_s: float) -> None:
+    """Drain; past `timeout_s` close instead. A server that goes away mid-drain leaves
+    nats-py waiting 10 s for a PONG that never comes, and the agent would miss its deadline.
+    A flush first finds a server that is already gone without starting the drain, whose
+    cancellation nats-py would report as an exception never retrieved."""
+    await nc.flush(timeout=1)
+    drain = asyncio.ensure_future(nc.drain())
+    try:
+        done, _ = await asyncio.wait({drain}, timeout=timeout_s)
+    finally:
+        if not drain.done():
+            log.warning("nats_drain_timed_out", timeout_s=timeout_s)
+            await nc.close()
+            drain.cancel()
+            with contextlib.suppress(asyncio.CancelledError, *_UNAVAILABLE):
+                await drain
+    if drain in done:
+        drain.result()
 
 
 class _RepeatGate:
@@ -104,10 +130,15 @@ class _RepeatGate:
 class Bus:
     """The agent's NATS connection, JetStream context and idempotently created resources."""
 
-    def __init__(self, settings: NATSSettings, *, name: str) -> None:
+    def __init__(
+        self, settings: NATSSettings, *, name: str, component: str = "", node: str = ""
+    ) -> None:
+        """`component` (discovery, allocation, health, operator) and `node` pick this Bus's
+        inbox prefix, the one its bus identity alone may subscribe to; empty: nats-py's."""
         self.settings = settings
         self.names = Names(settings.namespace)
         self.name = name
+        self.inbox_prefix = self.names.inbox_prefix(component, node) if component else ""
         self.reconnects = 0
         self.connected = asyncio.Event()
         # Incremented on every (re)connect; watchers compare it to know they must resubscribe.
@@ -116,20 +147,46 @@ class Bus:
         self._nc: NATSClient | None = None
         self._js: JetStreamContext | None = None
         self._buckets: dict[str, KeyValue] = {}
+        # Streams whose differing settings were logged (or an update refused): once a process.
+        self._drift_reported: set[str] = set()
         self._closing = False
+        # Set when nats-py closed the connection on its own (not by `close()`).
+        self._lost = asyncio.Event()
         self._error_gate = _RepeatGate(interval_s=_REPEAT_LOG_INTERVAL_S)
 
     async def run(self) -> None:
-        """Eternal task: connect (retrying forever), then keep the connection's epoch current."""
-        backoff = Backoff(initial_s=0.1, max_s=5.0)
+        """Eternal task: connect (retrying forever), then keep the connection's epoch current.
+
+        nats-py reconnects by itself after a lost socket, but it *closes* the connection for
+        good on some server errors, e.g. `User Authentication Expired` when the user JWT an
+        auth callout issued runs out with the token it was issued for. Such a close starts
+        the whole connect again, which reads the (rotated) credentials anew.
+        """
         log.info(
             "nats_connecting",
             servers=redact_url(self.settings.url),
             auth=auth.auth_method(self.settings),
         )
-        while self._nc is None:
+        first = True
+        while True:
+            nc = await self._connect_with_backoff()
+            reraise_if_cancelling()
+            self._lost.clear()
+            self._nc = nc
+            self._js = nc.jetstream(timeout=self.settings.request_timeout_s)
+            if not first:
+                self.reconnects += 1
+                _reconnects.add(1)
+            await self._on_connected(first=first)
+            first = False
+            await self._lost.wait()
+            log.warning("nats_connecting_again", reason="connection closed by the client library")
+
+    async def _connect_with_backoff(self) -> NATSClient:
+        backoff = Backoff(initial_s=0.1, max_s=5.0)
+        while True:
             try:
-                self._nc = await self._connect_once()
+                return await self._connect_once()
             except (
                 *_UNAVAILABLE,
                 ConfigError,
@@ -146,14 +203,12 @@ class Bus:
                     retry_in_s=round(delay, 2),
                 )
                 await asyncio.sleep(delay)
-        reraise_if_cancelling()
-        self._js = self._nc.jetstream(timeout=self.settings.request_timeout_s)
-        await self._on_connected(first=True)
-        await asyncio.Event().wait()
 
     async def _connect_once(self) -> NATSClient:
         servers = [url.strip() for url in self.settings.url.split(",") if url.strip()]
         options = auth.connect_options(self.settings)
+        if self.inbox_prefix:
+            options["inbox_prefix"] = self.inbox_prefix
         return await nats.connect(
             servers,
             name=self.name,
@@ -206,6 +261,7 @@ class Bus:
         self.connected.clear()
         if not self._closing:
             log.warning("nats_closed")
+            self._lost.set()
 
     async def wait_epoch_after(self, epoch: int) -> int:
         """Wait until the connection epoch moves past `epoch` (a reconnect happened)."""
@@ -222,7 +278,7 @@ class Bus:
             return
         try:
             if nc.is_connected:
-                await nc.drain()
+                await _drain_or_close(nc, timeout_s=_DRAIN_TIMEOUT_S)
             else:
                 await nc.close()
         except _UNAVAILABLE as exc:
@@ -242,46 +298,84 @@ class Bus:
         return self._nc
 
     async def kv(self, bucket: str, *, history: int = 1) -> KeyValue:
-        """The bucket, created on first use; safe when several agents race to create it."""
+        """The bucket, created on first use with this bus's replicas; safe when several agents
+        race to create it. An existing bucket is brought to the wanted settings (`convergence`)."""
         if (cached := self._buckets.get(bucket)) is not None:
             return cached
         js = self.js
+        stream = self.names.kv_stream(bucket)
         try:
             try:
-                kv = await js.key_value(bucket)
-            except nats.js.errors.BucketNotFoundError:
+                info = await js.stream_info(stream)
+            except nats.js.errors.NotFoundError:
+                config = convergence.kv_stream(
+                    bucket, history=history, replicas=self.settings.replicas
+                )
                 try:
-                    kv = await js.create_key_value(bucket=bucket, history=history)
-                except nats.js.errors.BadRequestError:
-                    kv = await js.key_value(bucket)  # another agent created it first
+                    info = await js.add_stream(config)
+                except nats.js.errors.BadRequestError as exc:
+                    info = await self._created_meanwhile(stream, exc)  # another agent was first
         except _UNAVAILABLE as exc:
             raise BusUnavailableError(f"kv bucket {bucket}: {exc}", subject=bucket) from exc
+        wanted = {
+            "allow_direct": True,
+            "num_replicas": self.settings.replicas,
+            "max_consumers": convergence.MAX_CONSUMERS,
+        }
+        config = await convergence.converge(
+            js, info.config, wanted, reported=self._drift_reported, bucket=bucket
+        )
+        kv = KeyValue(
+            name=bucket,
+            stream=stream,
+            pre=f"$KV.{bucket}.",
+            js=js,
+            direct=bool(config.allow_direct),
+        )
         self._buckets[bucket] = kv
         return kv
+
+    async def _created_meanwhile(self, stream: str, refusal: Exception) -> api.StreamInfo:
+        """The stream a refused create found already there; else the refusal (e.g. more
+        replicas than servers) as a recoverable error that names the server's reason."""
+        try:
+            return await self.js.stream_info(stream)
+        except nats.js.errors.NotFoundError:
+            raise BusUnavailableError(f"create {stream}: {refusal}", subject=stream) from refusal
 
     async def ensure_stream(
         self, *, name: str, subjects: list[str], max_age_s: float, duplicate_window_s: float
     ) -> None:
-        """Create the stream, or update it when its config differs; idempotent."""
+        """Create the stream (with this bus's replicas), or converge an existing one; idempotent."""
         config = api.StreamConfig(
             name=name,
             subjects=subjects,
             max_age=max_age_s,
             duplicate_window=duplicate_window_s,
             storage=api.StorageType.FILE,
+            num_replicas=self.settings.replicas,
+            max_consumers=convergence.MAX_CONSUMERS,
         )
         try:
             try:
-                await self.js.stream_info(name)
+                info = await self.js.stream_info(name)
             except nats.js.errors.NotFoundError:
                 try:
                     await self.js.add_stream(config)
                     return
-                except nats.js.errors.BadRequestError:
-                    pass  # created concurrently; fall through to the update
-            await self.js.update_stream(config)
+                except nats.js.errors.BadRequestError as exc:
+                    info = await self._created_meanwhile(name, exc)
         except _UNAVAILABLE as exc:
             raise BusUnavailableError(f"stream {name}: {exc}", subject=name) from exc
+        wanted = {
+            "subjects": subjects,
+            "max_age": max_age_s,
+            "duplicate_window": duplicate_window_s,
+            "storage": api.StorageType.FILE,
+            "num_replicas": self.settings.replicas,
+            "max_consumers": convergence.MAX_CONSUMERS,
+        }
+        await convergence.converge(self.js, info.config, wanted, reported=self._drift_reported)
 
     async def kv_put(self, bucket: str, key: str, value: bytes) -> int:
         kv = await self.kv(bucket)
@@ -291,14 +385,23 @@ class Bus:
             raise BusUnavailableError(f"kv put {bucket}/{key}: {exc}", subject=key) from exc
 
     async def kv_get(self, bucket: str, key: str) -> bytes | None:
+        """The key's value. A direct get that nobody answers (on a cluster, no replica of a
+        bucket just made or just failed over is serving yet) is tried again for a moment."""
         kv = await self.kv(bucket)
-        try:
-            entry = await kv.get(key)
-        except nats.js.errors.KeyNotFoundError:
-            return None
-        except _UNAVAILABLE as exc:
-            raise BusUnavailableError(f"kv get {bucket}/{key}: {exc}", subject=key) from exc
-        return entry.value
+        for pause_s in (*_DIRECT_GET_PAUSES_S, None):
+            try:
+                entry = await kv.get(key)
+            except nats.js.errors.KeyNotFoundError:
+                return None
+            except nats.errors.NoRespondersError as exc:
+                if pause_s is None:
+                    raise BusUnavailableError(f"kv get {bucket}/{key}: {exc}", subject=key) from exc
+                await asyncio.sleep(pause_s)
+            except _UNAVAILABLE as exc:
+                raise BusUnavailableError(f"kv get {bucket}/{key}: {exc}", subject=key) from exc
+            else:
+                return entry.value
+        raise AssertionError("unreachable: the last pause is None")
 
     async def kv_delete(self, bucket: str, key: str) -> None:
         kv = await self.kv(bucket)
@@ -341,7 +444,24 @@ class Bus:
             raise BusUnavailableError(f"request {subject}: {exc}", subject=subject) from exc
 
     async def subscribe(self, subject: str, handler: MessageHandler) -> Subscription:
+        """Core subscription for requests (control subjects). A message that JetStream sent
+        (a consumer delivery or a direct-get answer redirected here through someone's reply
+        subject, which nats-server does not police) never reaches `handler`."""
+
+        async def guarded(msg: Msg) -> None:
+            if _from_jetstream(msg):
+                log.warning(
+                    "bus_message_dropped", subject=msg.subject, reason="jetstream_reply",
+                    security=True,
+                )  # fmt: skip
+                return
+            await handler(msg)
+
         try:
-            return await self.nc.subscribe(subject, cb=handler)
+            return await self.nc.subscribe(subject, cb=guarded)
         except _UNAVAILABLE as exc:
             raise BusUnavailableError(f"subscribe {subject}: {exc}", subject=subject) from exc
+
+
+def _from_jetstream(msg: Msg) -> bool:
+    return origin.is_jetstream_reply(reply=msg.reply, headers=msg.headers, data=msg.data)

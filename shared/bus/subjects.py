@@ -39,6 +39,11 @@ class Names:
         return f"{self._bucket_prefix}dra_health"
 
     @property
+    def claims_bucket(self) -> str:
+        """Prepared claims per node (written by the allocation agent, read by health/dractl)."""
+        return f"{self._bucket_prefix}dra_claims"
+
+    @property
     def alerts_stream(self) -> str:
         return f"{self._bucket_prefix}DRA_ALERTS".replace("-", "_")
 
@@ -69,3 +74,60 @@ class Names:
     def health_keys(driver: str, node: str) -> str:
         """KV watch filter for all device health keys of one node."""
         return f"{token(driver)}.{token(node)}.*"
+
+    @staticmethod
+    def claim_key(driver: str, node: str, claim_uid: str) -> str:
+        return f"{token(driver)}.{token(node)}.{claim_uid}"
+
+    @staticmethod
+    def claim_keys(driver: str, node: str) -> str:
+        """KV watch filter for all prepared claims of one node."""
+        return f"{token(driver)}.{token(node)}.*"
+
+    # Inboxes and JetStream API subjects: what the NATS auth service grants, and what the Bus
+    # uses, so that every permission is a subject an agent's own call really sends.
+
+    def inbox_prefix(self, component: str, node: str = "") -> str:
+        """Reply subjects of one identity: `_INBOX.<component>[.<node>]` (only it may subscribe)."""
+        owner = f"{component}.{token(node)}" if node else component
+        return f"{self._subject_prefix}_INBOX.{owner}"
+
+    @property
+    def control_wildcard(self) -> str:
+        """Every control subject of every node (the operator's publish grant)."""
+        return f"{self._subject_prefix}dra.control.*.*.>"
+
+    def node_control(self, driver: str, node: str) -> str:
+        """Every control subject of one node (fault, drain)."""
+        return f"{self._subject_prefix}dra.control.{token(driver)}.{token(node)}.>"
+
+    @staticmethod
+    def kv_stream(bucket: str) -> str:
+        return f"KV_{bucket}"
+
+    @staticmethod
+    def kv_subject(bucket: str, key: str) -> str:
+        """The subject a KV put/delete of `key` is published on (`key` may be a filter)."""
+        return f"$KV.{bucket}.{key}"
+
+    @staticmethod
+    def js_stream_info(stream: str) -> str:
+        return f"$JS.API.STREAM.INFO.{stream}"
+
+    @staticmethod
+    def js_stream_create(stream: str) -> str:
+        return f"$JS.API.STREAM.CREATE.{stream}"
+
+    @staticmethod
+    def js_direct_get(bucket: str, key: str) -> str:
+        """Direct get of the last value of `key`, the subject named in the API subject."""
+        return f"$JS.API.DIRECT.GET.KV_{bucket}.$KV.{bucket}.{key}"
+
+    @staticmethod
+    def js_consumer_create(bucket: str, keys: str, *, consumer: str = "*") -> str:
+        """Creating a named consumer on `keys` of `bucket`: the filter is in the subject."""
+        return f"$JS.API.CONSUMER.CREATE.KV_{bucket}.{consumer}.$KV.{bucket}.{keys}"
+
+    @property
+    def buckets(self) -> tuple[str, ...]:
+        return (self.inventory_bucket, self.health_bucket, self.claims_bucket)

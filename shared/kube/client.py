@@ -142,6 +142,12 @@ class KubeClient:
                 status=response.status,
                 name=name,
             ) from exc
+        except RecursionError as exc:  # the API server stores opaque JSON of any depth
+            raise KubeError(
+                f"{what}: the API server's answer is nested too deeply to decode",
+                status=response.status,
+                name=name,
+            ) from exc
         return result
 
     async def _send(
@@ -316,7 +322,7 @@ class KubeClient:
                     return
                 try:
                     event = json.loads(line)
-                except ValueError as exc:
+                except (ValueError, RecursionError) as exc:
                     raise KubeTransientError(f"{what}: undecodable watch event: {exc}") from exc
                 if event.get("type") == "ERROR":
                     status = event.get("object", {})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from shared.errors import (
@@ -16,7 +17,11 @@ from shared.errors import (
     KubeTransientError,
 )
 
-__all__ = ["from_status", "status_message"]
+__all__ = ["MAX_RETRY_AFTER_S", "from_status", "status_message"]
+
+MAX_RETRY_AFTER_S = 600.0
+"""A longer Retry-After is taken as this: asyncio cannot sleep for 1e308 seconds, and no
+writer here should wait longer (each caps it lower still with `Backoff.max_retry_after_s`)."""
 
 
 def status_message(body: bytes) -> tuple[str, str]:
@@ -55,9 +60,13 @@ def from_status(
 
 
 def _seconds(value: str | None) -> float | None:
+    """Retry-After in seconds; None when absent or not a finite number (`inf`, `nan`, a date)."""
     if value is None:
         return None
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
         return None
+    if not math.isfinite(seconds):
+        return None
+    return min(max(0.0, seconds), MAX_RETRY_AFTER_S)

@@ -5,7 +5,7 @@ Attribute values keep their YAML type (int, bool, string); `{version: "1.2.3"}` 
 A profile is either a path or the name of a profile shipped in `shared/sim/profiles/`.
 
 Two optional per-device keys: `mig: {profiles: [1g.10gb, ...]}` publishes the GPU's MIG
-placements of those H100-80GB profiles (HARDWARE.md 1.2) over a counter set, as the nvml
+placements of those H100-80GB profiles (NVIDIA MIG user guide) over a counter set, as the nvml
 backend does; `shared: {memory: true}` (or a step quantity instead of `true`) offers that
 capacity for consumption by several claims where the API server supports it. A device has
 at most one of the two: MIG and sharing don't mix.
@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from shared import quantity
 from shared.errors import ConfigError
 
 __all__ = [
@@ -38,7 +39,6 @@ __all__ = [
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_QUANTITY = re.compile(r"^(\d+)([KMGTPE]i)?$")
 H100_MIG_PROFILES = (
     "1g.10gb",
     "1g.10gb+me",
@@ -48,7 +48,7 @@ H100_MIG_PROFILES = (
     "4g.40gb",
     "7g.80gb",
 )
-"""The MIG profile names of an H100-80GB (HARDWARE.md 1.2), in GI profile table order."""
+"""The MIG profile names of an H100-80GB (NVIDIA MIG user guide), in GI profile table order."""
 SHARED_STEP = "1Gi"
 """The request step (and minimum) of a shared capacity given as `true`."""
 
@@ -209,7 +209,7 @@ def _shared(raw: Any, source: str, where: str, capacity: set[str]) -> dict[str, 
             raise _error(source, f"{where}.{key}", "names no capacity of the device")
         if value is True:
             steps[str(key)] = SHARED_STEP
-        elif isinstance(value, str) and _QUANTITY.match(value) and int(value.rstrip("KMGTPEi")):
+        elif isinstance(value, str) and (quantity.whole(value) or 0) > 0:
             steps[str(key)] = value
         else:
             raise _error(source, f"{where}.{key}", f"{value!r} is not true or a step quantity")

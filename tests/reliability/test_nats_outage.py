@@ -19,6 +19,7 @@ import pytest
 
 from services.devcluster.flow import FlowError
 from services.devcluster.kubelet import KubeletClaim
+from services.devcluster.natsserver import NATSServerProcess
 from shared.errors import BusUnavailableError
 from tests.reliability.harness import ReliabilityNode, hot_plug, until
 
@@ -48,7 +49,7 @@ async def _inject_when_reachable(node: ReliabilityNode, device: str) -> None:
 async def _outage(node: ReliabilityNode) -> list[KubeletClaim]:
     """Kill NATS, work through the outage, bring NATS back; the claims prepared meanwhile."""
     nats = node.stack.nats
-    assert nats is not None
+    assert isinstance(nats, NATSServerProcess), "the outage is of one server, not a cluster"
     await node.inject(FAULT_BEFORE)
     await asyncio.to_thread(nats.kill)
     killed = time.monotonic()

@@ -11,7 +11,7 @@ import structlog
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from services.devcluster.apiserver import control, errors, handlers, routing
+from services.devcluster.apiserver import control, errors, handlers, routing, tokens
 from services.devcluster.apiserver.cluster import Cluster
 from services.devcluster.apiserver.handlers import CLUSTER, CUT_WATCH, INFO
 from services.devcluster.apiserver.requestlog import RequestRecord
@@ -85,5 +85,6 @@ def build_app(cluster: Cluster) -> web.Application:
     app = web.Application(middlewares=[_middleware], client_max_size=64 * 1024 * 1024)
     app[CLUSTER] = cluster
     app.add_routes(control.routes())
+    app.add_routes(tokens.routes())
     app.router.add_route("*", "/{tail:.*}", handlers.dispatch)
     return app

@@ -11,6 +11,7 @@ from services.devcluster.apiserver.operations import Operations
 from services.devcluster.apiserver.registry import Registry
 from services.devcluster.apiserver.requestlog import RequestLog
 from services.devcluster.apiserver.store import Store
+from services.devcluster.apiserver.tokensigner import TokenIssuer
 
 __all__ = ["Cluster"]
 
@@ -23,6 +24,8 @@ class Cluster:
         self.operations = Operations(config, self.store)
         self.request_log = RequestLog(maxlen=config.request_log_size)
         self.faults = Faults()
+        self.tokens = TokenIssuer()
+        """Signs and reviews ServiceAccount tokens (TokenRequest, TokenReview)."""
         self.namespaced_paths = frozenset(
             (t.group, t.version, t.plural) for t in self.registry.types if t.namespaced
         )

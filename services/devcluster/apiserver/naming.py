@@ -9,6 +9,7 @@ import re
 from functools import cache
 
 from services.devcluster.apiserver.errors import FieldError
+from shared import quantity as shared_quantity
 
 __all__ = [
     "c_identifier",
@@ -32,7 +33,6 @@ _SEMVER = re.compile(
     r"(-(0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(\.(0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*)?"
     r"(\+[0-9a-zA-Z-]+(\.[0-9a-zA-Z-]+)*)?$"
 )
-_QUANTITY = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+|[KMGTPE]i|[numkMGTPE])?$")
 
 _LABEL_MSG = (
     "a DNS-1123 label must consist of lower case alphanumeric characters or '-', and must "
@@ -156,7 +156,8 @@ def semver(path: str, value: str) -> list[FieldError]:
 def quantity(path: str, value: object) -> list[FieldError]:
     if isinstance(value, int | float) and not isinstance(value, bool):
         return []
-    if isinstance(value, str) and _QUANTITY.match(value):
-        return []
-    detail = "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"  # noqa: E501
-    return [FieldError.invalid(path, value, detail)]
+    try:
+        shared_quantity.parse_quantity(value)  # type: ignore[arg-type]
+    except shared_quantity.QuantityError as exc:
+        return [FieldError.invalid(path, value, exc.reason)]
+    return []

@@ -15,6 +15,7 @@ from importlib import resources
 from typing import Any
 
 from services.devcluster.apiserver.errors import FieldError
+from services.devcluster.extra import MissingExtraError
 
 __all__ = ["SchemaSet", "schema_set"]
 
@@ -206,6 +207,9 @@ def _leaf_type(node: dict[str, Any]) -> type | None:
 @cache
 def schema_set(kubernetes_version: str) -> SchemaSet:
     """The compiled strict schemas for "1.34"/"1.35"/"1.36" (loaded once per process)."""
-    root = resources.files("kubernetes_validate") / "kubernetes-json-schema"
+    try:
+        root = resources.files("kubernetes_validate") / "kubernetes-json-schema"
+    except ModuleNotFoundError as exc:
+        raise MissingExtraError("kubernetes-validate", "the API emulator's schemas") from exc
     path = root / f"v{kubernetes_version}.0-local-strict" / "_definitions.json"
     return SchemaSet(json.loads(path.read_text())["$defs"])

@@ -2,7 +2,9 @@
 
 Each chip becomes a device named `npu-<id>` with the attributes of the sim profile, so the
 same DeviceClasses and CEL work on both: `type` ("npu"), `chipName`, `index`, `physicalId`,
-`numaNode` (sysfs), `topologyGroup` (HCCS domain from the topo matrix),
+`cardId` and `chipId` (the NPU ID and Chip ID columns: the card, and the chip on it, so that
+a claim can ask for chips of one card), `numaNode` (sysfs), `topologyGroup` (HCCS domain
+from the topo matrix),
 `resource.kubernetes.io/pcieRoot` (sysfs), capacity `memCapacity` and `aiCore`. Device nodes
 are `/dev/davinci<id>` and the shared control nodes; the container gets
 `ASCEND_VISIBLE_DEVICES=<id>` (HARDWARE.md 3.5). Output that does not parse fails the scan
@@ -15,7 +17,7 @@ import asyncio
 import re
 from collections.abc import Sequence
 
-from services.discovery.backends import Scan, quantity
+from services.discovery.backends import Scan
 from services.discovery.backends.npusmi import (
     NpuChip,
     NpuSmiFormatError,
@@ -25,6 +27,7 @@ from services.discovery.backends.npusmi import (
     parse_topo,
 )
 from services.discovery.backends.sysfs import Sysfs
+from shared import quantity
 from shared.commands import CommandFailedError, CommandRunner
 from shared.errors import BackendUnavailableError
 from shared.pb.drasuite.v1 import inventory_pb2
@@ -92,6 +95,8 @@ def _device(
     attributes["chipName"].string = chip.name
     attributes["index"].int = device_id
     attributes["physicalId"].int = chip.phy_id if chip.phy_id is not None else device_id
+    attributes["cardId"].int = chip.npu_id
+    attributes["chipId"].int = chip.chip_id
     if numa_node is not None:
         attributes["numaNode"].int = numa_node
     if group is not None:

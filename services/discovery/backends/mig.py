@@ -20,8 +20,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from services.discovery.backends import quantity
 from services.discovery.backends.nvml_api import GpuInstanceProfile, Placement
+from shared import quantity
 from shared.pb.drasuite.v1 import inventory_pb2
 
 __all__ = [

@@ -23,7 +23,7 @@ from typing import TypeVar
 
 import structlog
 
-from services.discovery.backends import Scan, mig, quantity, topology
+from services.discovery.backends import Scan, mig, topology
 from services.discovery.backends.nvml_api import (
     NVLINK_MAX_LINKS,
     PROFILE_ENUM_COUNT,
@@ -32,6 +32,7 @@ from services.discovery.backends.nvml_api import (
     NVMLLibrary,
 )
 from services.discovery.backends.sysfs import Sysfs, normalize_bus_id
+from shared import quantity
 from shared.errors import BackendLoadError, BackendUnavailableError
 from shared.pb.drasuite.v1 import inventory_pb2
 

@@ -53,6 +53,7 @@ class PluginNode:
         self.api = api
         self.bus = bus
         self.base = base
+        self._generation = 0
         self.config = AllocationConfig(
             nats=nats,
             kube=kube,
@@ -155,13 +156,15 @@ class PluginNode:
         return path.read_text(errors="replace") if path.exists() else ""
 
     async def publish_inventory(self, *names: str) -> inventory_pb2.Inventory:
-        """What the discovery agent would put in the inventory KV: Ascend-like sim devices."""
+        """What the discovery agent would put in the inventory KV: Ascend-like sim devices, with
+        the next generation (as discovery counts content changes)."""
+        self._generation += 1
         inventory = inventory_pb2.Inventory(
             driver=DRIVER,
             node=NODE,
             pool=NODE,
             backend="sim",
-            generation=1,
+            generation=self._generation,
             devices=[
                 inventory_pb2.Device(
                     name=name,
@@ -204,10 +207,12 @@ class PluginNode:
         *,
         allocated: bool = True,
         parameters: dict[str, Any] | None = None,
+        pods: dict[str, str] | None = None,
     ) -> KubeletClaim:
         """Create a ResourceClaim and allocate `devices` of our pool to it, as the scheduler.
 
         `parameters`: an opaque DeviceConfig of this driver, as a claim config for every request.
+        `pods`: name -> uid of the pods it is reserved for (`status.reservedFor`).
         """
         created = self.api.create_object(
             {
@@ -232,6 +237,10 @@ class PluginNode:
                     }
                 ]
             created["status"] = {"allocation": {"devices": allocation}}
+            if pods:
+                created["status"]["reservedFor"] = [
+                    {"resource": "pods", "name": name, "uid": uid} for name, uid in pods.items()
+                ]
             created = self.api.update_object(created, status=True)
         return KubeletClaim(namespace="default", name=name, uid=created["metadata"]["uid"])
 

@@ -26,7 +26,7 @@ from shared.bus import codec
 from shared.bus.connection import Bus
 from shared.config import KubeSettings, NATSSettings
 from shared.errors import BusUnavailableError, MalformedMessageError
-from shared.pb.drasuite.v1 import health_pb2, inventory_pb2
+from shared.pb.drasuite.v1 import claim_pb2, health_pb2, inventory_pb2
 from shared.supervisor import run_agent
 
 T = TypeVar("T")
@@ -52,6 +52,7 @@ class HealthHarness:
         self.kube = kube
         self.nats_settings = nats_settings
         self.kube_settings = kube_settings
+        self._generation = 0
 
     @staticmethod
     async def eventually(check: Callable[[], Awaitable[T | None]], *, timeout_s: float = 8.0) -> T:
@@ -136,20 +137,28 @@ class HealthHarness:
             pool=self.NODE,
             backend="sim",
             devices=[inventory_pb2.Device(name=d, kind="gpu") for d in devices],
+            generation=self._next_generation(),
         )
         bus = bus or self.bus
         key = bus.names.inventory_key(self.DRIVER, self.NODE)
         await bus.kv_put(bus.names.inventory_bucket, key, codec.encode(inventory))
+
+    def _next_generation(self) -> int:
+        """One more per inventory put, as the discovery agent counts content changes."""
+        self._generation += 1
+        return self._generation
 
     async def publish_inventory(self, inventory: inventory_pb2.Inventory) -> None:
         """Publish a hand-built inventory as the discovery agent would."""
         key = self.bus.names.inventory_key(self.DRIVER, self.NODE)
         await self.bus.kv_put(self.bus.names.inventory_bucket, key, codec.encode(inventory))
 
-    def create_claim_in_use(
+    async def prepare_claim(
         self, name: str, *, namespace: str, device: str, pods: dict[str, str]
-    ) -> None:
-        """A ResourceClaim allocated `device` of this node and reserved for `pods` (name: uid)."""
+    ) -> str:
+        """A ResourceClaim allocated `device` of this node and reserved for `pods` (name: uid),
+        prepared here: its PreparedClaim in the prepared-claims KV, as the allocation agent
+        writes it. Returns the claim's UID."""
         request = {"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com"}}
         created = self.kube.create_object(
             {
@@ -167,6 +176,25 @@ class HealthHarness:
             ],
         }
         self.kube.update_object(created, status=True)
+        uid = str(created["metadata"]["uid"])
+        prepared = claim_pb2.PreparedClaim(
+            driver=self.DRIVER,
+            node=self.NODE,
+            claim_uid=uid,
+            namespace=namespace,
+            name=name,
+            devices=[
+                claim_pb2.PreparedClaimDevice(request_names=["gpu"], pool=self.NODE, device=device)
+            ],
+            pods=[claim_pb2.ClaimPod(namespace=namespace, name=p, uid=u) for p, u in pods.items()],
+            state=claim_pb2.PREPARED_CLAIM_STATE_PREPARED,
+        )
+        await self.put_prepared_claim(uid, codec.encode(prepared))
+        return uid
+
+    async def put_prepared_claim(self, uid: str, value: bytes) -> None:
+        key = self.bus.names.claim_key(self.DRIVER, self.NODE, uid)
+        await self.bus.kv_put(self.bus.names.claims_bucket, key, value)
 
     def create_node(self) -> dict[str, Any]:
         return self.kube.create_object(

@@ -16,7 +16,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from services.devcluster.apiserver import ClusterConfig
 from services.health import taints
 from shared import telemetry
+from shared.bus import codec
 from shared.config import TelemetrySettings
+from shared.pb.drasuite.v1 import claim_pb2
 
 pytestmark = pytest.mark.integration
 
@@ -169,10 +171,22 @@ async def test_forbidden_taint_rules_leave_health_recorded_and_the_agent_running
 
 async def test_an_unhealthy_device_warns_the_pods_whose_claims_use_it(health):
     health.create_node()
-    health.create_claim_in_use(
+    await health.prepare_claim(
         "train", namespace="team-a", device="gpu-1", pods={"trainer-0": "u-0", "trainer-1": "u-1"}
     )
-    health.create_claim_in_use("infer", namespace="team-b", device="gpu-2", pods={"server": "u-2"})
+    await health.prepare_claim("infer", namespace="team-b", device="gpu-2", pods={"server": "u-2"})
+    # Forged or damaged values under this node's keys are not believed.
+    forged = claim_pb2.PreparedClaim(
+        driver=health.DRIVER,
+        node="node-b",
+        claim_uid="forged",
+        namespace="kube-system",
+        name="x",
+        devices=[claim_pb2.PreparedClaimDevice(pool=health.NODE, device="gpu-1")],
+        pods=[claim_pb2.ClaimPod(namespace="kube-system", name="victim", uid="v")],
+    )
+    await health.put_prepared_claim("forged", codec.encode(forged))
+    await health.put_prepared_claim("damaged", b"\xff\xfe")
     await health.put_inventory()
     async with health.running() as agent:
         await health.eventually(health.state_is("gpu-1", health.HEALTHY))
@@ -189,7 +203,12 @@ async def test_an_unhealthy_device_warns_the_pods_whose_claims_use_it(health):
         assert {e["type"] for e in found} == {"Warning"}
         assert all("device gpu-1 of claim train" in e["message"] for e in found)
         assert health.kube.objects("events", "team-b") == []
-        assert agent.pod_events.written == 2
+        assert health.kube.objects("events", "kube-system") == []
+        # The writer counts an Event once the API server has answered its create, which can
+        # be a moment after the emulator stored it.
+        await health.eventually(health.now(lambda: agent.pod_events.written == 2))
+    # Pods come from this node's prepared claims: no ResourceClaim is read from the API.
+    assert health.kube.request_log.count(resource="resourceclaims") == 0
 
 
 async def test_a_fault_reported_over_nats_continues_the_reporters_trace(health, spans):

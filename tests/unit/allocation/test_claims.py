@@ -51,7 +51,7 @@ def test_base_request_strips_the_subrequest(name, base):
 def test_select_keeps_only_results_of_our_driver(make_claim, result, kept):
     uid = new_uid()
     claim = make_claim(uid=uid, devices=["npu-0"], extra_results=[{"request": "req", **result}])
-    selected = claims.select(claim, ref=_ref(uid), driver=DRIVER, pool=NODE)
+    selected = claims.select(claim, ref=_ref(uid), driver=DRIVER, pool=NODE, node=NODE)
     assert [r.device for r in selected.results] == (["npu-0", "npu-1"] if kept else ["npu-0"])
 
 
@@ -60,7 +60,7 @@ def test_select_rejects_a_result_of_our_driver_on_another_nodes_pool(make_claim)
     foreign = {"request": "req", "driver": DRIVER, "pool": "node-b", "device": "npu-1"}
     claim = make_claim(uid=uid, devices=["npu-0"], extra_results=[foreign])
     with pytest.raises(DeviceNotAllocatableError, match=r"'npu-1' .* pool 'node-b'") as caught:
-        claims.select(claim, ref=_ref(uid), driver=DRIVER, pool=NODE)
+        claims.select(claim, ref=_ref(uid), driver=DRIVER, pool=NODE, node=NODE)
     assert caught.value.device == "npu-1"
 
 
@@ -92,7 +92,7 @@ def test_select_names_the_field_of_an_allocation_of_the_wrong_shape(make_claim, 
     uid = new_uid()
     claim = {**make_claim(uid=uid), "status": status}
     with pytest.raises(ClaimError, match=re.escape(field)):
-        claims.select(claim, ref=_ref(uid), driver=DRIVER, pool=NODE)
+        claims.select(claim, ref=_ref(uid), driver=DRIVER, pool=NODE, node=NODE)
 
 
 def test_select_reduces_request_names_and_keeps_share_ids(make_claim):
@@ -106,7 +106,7 @@ def test_select_reduces_request_names_and_keeps_share_ids(make_claim):
             {"request": "mem", "driver": DRIVER, "pool": NODE, "device": "gpu-1", "shareID": share},
         ],
     )
-    selected = claims.select(claim, ref=_ref(uid), driver=DRIVER, pool=NODE)
+    selected = claims.select(claim, ref=_ref(uid), driver=DRIVER, pool=NODE, node=NODE)
     assert [(r.request, r.device, r.share_id) for r in selected.results] == [
         ("gpu", "gpu-0", None),
         ("mem", "gpu-1", share),
@@ -116,13 +116,15 @@ def test_select_reduces_request_names_and_keeps_share_ids(make_claim):
 def test_select_rejects_a_claim_whose_uid_changed(make_claim):
     claim = make_claim(uid=new_uid())
     with pytest.raises(ClaimUIDMismatchError, match="claim default/claim-a got replaced"):
-        claims.select(claim, ref=_ref(new_uid()), driver=DRIVER, pool=NODE)
+        claims.select(claim, ref=_ref(new_uid()), driver=DRIVER, pool=NODE, node=NODE)
 
 
 def test_select_rejects_a_claim_without_allocation(make_claim):
     uid = new_uid()
     with pytest.raises(ClaimNotAllocatedError, match="not allocated"):
-        claims.select(make_claim(uid=uid, allocated=False), ref=_ref(uid), driver=DRIVER, pool=NODE)
+        claims.select(
+            make_claim(uid=uid, allocated=False), ref=_ref(uid), driver=DRIVER, pool=NODE, node=NODE
+        )
 
 
 def test_select_orders_opaque_configs_class_first_and_keeps_only_ours(make_claim):
@@ -144,7 +146,7 @@ def test_select_orders_opaque_configs_class_first_and_keeps_only_ours(make_claim
             entry("FromClaim", DRIVER, "claim-2"),
         ],
     )
-    selected = claims.select(claim, ref=_ref(uid), driver=DRIVER, pool=NODE)
+    selected = claims.select(claim, ref=_ref(uid), driver=DRIVER, pool=NODE, node=NODE)
     assert [c.parameters["marker"] for c in selected.configs] == ["class-1", "claim-1", "claim-2"]
     assert all(c.applies_to("req") for c in selected.configs)
 
@@ -160,7 +162,7 @@ def test_opaque_config_applies_to_requests(requests, name, applies):
 
 
 async def test_reader_reports_a_missing_claim_as_not_found(kube_reader):
-    reader = ClaimReader(kube_reader, driver=DRIVER, pool=NODE)
+    reader = ClaimReader(kube_reader, driver=DRIVER, pool=NODE, node=NODE)
     with pytest.raises(ClaimNotFoundError, match="claim default/claim-a: not found"):
         await reader.read(_ref(new_uid()))
 
@@ -197,7 +199,31 @@ async def test_reader_turns_persistent_api_errors_into_the_claims_error(kube_rea
 async def test_reader_rejects_names_that_are_not_kube_names_before_any_get(
     kube_reader, namespace, name, problem
 ):
-    reader = ClaimReader(kube_reader, driver=DRIVER, pool=NODE)
+    reader = ClaimReader(kube_reader, driver=DRIVER, pool=NODE, node=NODE)
     with pytest.raises(ClaimError, match=re.escape(problem)):
         await reader.read(ClaimRef(namespace=namespace, name=name, uid=new_uid()))
     assert kube_reader.gets == 0
+
+
+def test_reserved_pods_are_the_pod_entries_of_reserved_for_once_each():
+    claim = {
+        "status": {
+            "reservedFor": [
+                {"resource": "pods", "name": "a", "uid": "uid-a"},
+                {"resource": "pods", "name": "a", "uid": "uid-a"},
+                {"resource": "pods", "name": "b", "uid": "uid-b"},
+                {"resource": "jobs", "apiGroup": "batch", "name": "j", "uid": "uid-j"},
+                {"resource": "pods", "apiGroup": "example.com", "name": "c", "uid": "uid-c"},
+                {"resource": "pods", "name": "Not A Name", "uid": "x"},
+                {"resource": "pods", "name": 7},
+                "garbage",
+            ]
+        }
+    }
+    pods = claims.reserved_pods(claim, namespace="ns")
+    assert [(p.namespace, p.name, p.uid) for p in pods] == [
+        ("ns", "a", "uid-a"),
+        ("ns", "b", "uid-b"),
+    ]
+    assert claims.reserved_pods({"status": {"reservedFor": "x"}}, namespace="ns") == ()
+    assert claims.reserved_pods({}, namespace="ns") == ()

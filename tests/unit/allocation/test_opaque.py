@@ -141,6 +141,54 @@ def test_invalid_configs_name_the_offending_field(document, field):
     assert caught.value.claim_uid == "uid-1"
 
 
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        (
+            _doc({"strategy": "TimeSlicing", "timeSlicing": {"interval": "Fast"}}),
+            "sharing.timeSlicing.interval: 'Fast' is not one of Default, Short, Medium, Long",
+        ),
+        ({"kind": "DeviceConfig"}, f"apiVersion: None, expected '{API_VERSION}'"),
+        (_doc(color="red"), "color: unknown field"),
+        (
+            _doc({"strategy": "Exclusive", "timeSlicing": {}}),
+            "sharing.timeSlicing: only allowed with strategy TimeSlicing",
+        ),
+        (
+            _doc({"strategy": "SpacePartitioning", "spacePartitioning": {"computePercent": 0}}),
+            "sharing.spacePartitioning.computePercent: 0 is not an integer in 1..100",
+        ),
+        (
+            _doc({"strategy": "SpacePartitioning", "spacePartitioning": {"memoryLimit": "10E"}}),
+            "memoryLimit: '10E' is not a positive quantity up to 8Ei",
+        ),
+        ("TimeSlicing", "parameters: expected an object, got str"),
+    ],
+    ids=["enum", "missing", "unknown", "cross-field", "range", "int64", "not-an-object"],
+)
+def test_errors_read_as_the_readme_shows_them(document, message):
+    with pytest.raises(InvalidOpaqueConfigError, match=r"^invalid opaque config: ") as caught:
+        opaque.decode(document, driver=DRIVER)
+    assert str(caught.value).endswith(message)
+
+
+def test_an_attackers_long_value_is_shortened_in_the_error():
+    huge = "x" * 100_000
+    document = _doc({"strategy": "TimeSlicing", "timeSlicing": {"interval": huge}})
+    with pytest.raises(InvalidOpaqueConfigError) as caught:
+        opaque.decode(document, driver=DRIVER)
+    assert caught.value.field == "sharing.timeSlicing.interval"
+    assert len(str(caught.value)) < 200
+
+
+def test_a_memory_limit_in_any_kubernetes_notation_is_read_in_whole_bytes():
+    block = {"memoryLimit": "1.5e3"}
+    config = opaque.decode(
+        _doc({"strategy": "SpacePartitioning", "spacePartitioning": block}), driver=DRIVER
+    )
+    assert config.memory_limit_bytes == 1500
+
+
 def _config(source: str, requests: tuple[str, ...], sharing: dict[str, Any]) -> OpaqueConfig:
     return OpaqueConfig(source=source, requests=requests, parameters=_doc(sharing))
 

@@ -158,6 +158,8 @@ async def test_backends_without_a_partition_manager_fail_partitioned_claims(
 ):
     inventory = make_inventory("npu-0")
     inventory.backend = "ascend"
+    for node in inventory.devices[0].device_nodes:
+        node.host_path = ""  # as the ascend backend publishes it (the sim maps to /dev/null)
     rig = _rig(tmp_path, kube_reader, inventory)
     uid = str(uuid.uuid4())
     kube_reader.put(make_claim(uid=uid, devices=["npu-0"], config=[_partition_config()]))
@@ -211,7 +213,10 @@ async def test_the_share_id_reaches_the_kubelet_and_names_the_cdi_device(
 
 
 class _Context:
-    """The one ServicerContext call the servicer makes."""
+    """The ServicerContext calls the servicer makes."""
 
     def invocation_metadata(self) -> tuple[()]:
         return ()
+
+    def time_remaining(self) -> float | None:
+        return None  # a call without a deadline

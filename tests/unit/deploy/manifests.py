@@ -1,9 +1,10 @@
 """What the deployment tests share: the manifests under deploy/kustomize, loaded once (and
 rendered with kubectl), and the expectations (overlays, agent env, each agent's access to its
-node per overlay, RBAC) they are checked against."""
+node per overlay, RBAC, the secured bus) they are checked against."""
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import re
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import celpy
+import trustme
 import yaml
 from celpy import celtypes
 from celpy.adapter import json_to_cel
@@ -39,20 +41,24 @@ NATS_AUTH_ENV = {  # secrets only as files (a mounted Secret): never NATS_PASSWO
 }
 _COMMON = {
     *("NODE_NAME", "DRIVER_NAME", "NATS_URL", "KUBECONFIG"),
-    *("LOG_LEVEL", "LOG_FORMAT", "OPS_PORT"),
+    *("LOG_LEVEL", "LOG_FORMAT", "OPS_PORT", "NATS_REPLICAS"),
     *NATS_AUTH_ENV,
 }
 AGENT_ENV = {  # what the deployments may set: env twins of each agent's flags
     "discovery": _COMMON
     | {"OTLP_ENDPOINT", "BACKEND", "SIM_PROFILE", "MIG_PROFILES", "PUBLISH_PCI_BUS_ID"}
-    | {"PUBLISH_DEVICE_TAINTS"},
+    | {"PUBLISH_DEVICE_TAINTS", "PUBLISH_SLICES"},
     "allocation": _COMMON
     | {"OTLP_ENDPOINT", "PLUGIN_REGISTRY_DIR", "PLUGIN_DATA_DIR", "CDI_ROOT", "ROLLING_UPDATE_UID"}
-    | {"NPU_SMI_PATH", "PARTITION_TIMEOUT_S"},
+    | {"NPU_SMI_PATH", "PARTITION_TIMEOUT_S"}
+    | {"KUBELET_API", "DEVICE_PLUGIN_DIR", "DEVICE_PLUGIN_RESOURCES"},
     "health": _COMMON | {"OTLP_ENDPOINT", "MONITOR", "SIM_PROFILE", "TAINT_TARGET"},
 }
 # Read by the dynamic loader or the NVIDIA container runtime for the real backends.
 RUNTIME_ENV = {"LD_LIBRARY_PATH", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"}
+EXPANSION_ENV = {"POD_NAMESPACE"}
+"""Set only for the kubelet's $(VAR) expansion of other values (Service names in the pod's
+namespace); no program reads it."""
 _NVIDIA_TOOLKIT = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "utility"}
 _ASCEND_LIBS = {
     "LD_LIBRARY_PATH": "/usr/local/Ascend/driver/lib64:/usr/local/Ascend/driver/lib64/common"
@@ -93,9 +99,16 @@ def _same_path(*paths: str, read_only: bool) -> frozenset[HostMount]:
     return frozenset(HostMount(p, p, read_only) for p in paths)
 
 
-_KUBELET_DIRS = _same_path(
-    "/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins", "/var/run/cdi", read_only=False
-)
+def _kubelet_dirs(overlay: str) -> frozenset[HostMount]:
+    """The registry, this driver's own plugin directory (not the whole plugins dir) and CDI."""
+    driver = OVERLAYS[overlay][0]
+    return _same_path(
+        *("/var/lib/kubelet/plugins_registry", f"/var/lib/kubelet/plugins/{driver}"),
+        "/var/run/cdi",
+        read_only=False,
+    )
+
+
 _NPU_SMI = _same_path("/usr/local/Ascend/driver", "/usr/local/bin/npu-smi", read_only=True)
 _HOST_DEV = _same_path("/dev", read_only=False)
 NVML_HOST_FILE = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
@@ -104,7 +117,7 @@ NODE_ACCESS: dict[str, dict[str, NodeAccess]] = {  # overlay -> agent -> access
     # as root, nothing is privileged.
     "sim": {
         "discovery": NodeAccess(),
-        "allocation": NodeAccess(root=True, host_mounts=_KUBELET_DIRS),
+        "allocation": NodeAccess(root=True, host_mounts=_kubelet_dirs("sim")),
         "health": NodeAccess(),
     },
     # NVML queries of MIG placements need root; only making MIG instances needs privileges.
@@ -113,7 +126,7 @@ NODE_ACCESS: dict[str, dict[str, NodeAccess]] = {  # overlay -> agent -> access
         "allocation": NodeAccess(
             privileged=True,
             root=True,
-            host_mounts=_KUBELET_DIRS
+            host_mounts=_kubelet_dirs("nvidia")
             | _HOST_DEV
             | {HostMount(NVML_HOST_FILE, "/opt/nvml/libnvidia-ml.so.1", read_only=True)},
         ),
@@ -131,7 +144,7 @@ NODE_ACCESS: dict[str, dict[str, NodeAccess]] = {  # overlay -> agent -> access
             privileged=True,
             root=True,
             writable_root_fs=True,
-            host_mounts=_KUBELET_DIRS | _NPU_SMI | _HOST_DEV,
+            host_mounts=_kubelet_dirs("ascend") | _NPU_SMI | _HOST_DEV,
         ),
         "health": NodeAccess(
             privileged=True,
@@ -141,29 +154,20 @@ NODE_ACCESS: dict[str, dict[str, NodeAccess]] = {  # overlay -> agent -> access
         ),
     },
 }
-AGENT_SHUTDOWN_S = 10
-EXPECTED_RULES = {  # ClusterRole -> {(apiGroup, resource): verbs}
-    "dra-suite-discovery": {
-        ("resource.k8s.io", "resourceslices"): {
-            *("get", "list", "watch", "create", "update", "patch", "delete")
-        },
-        ("", "nodes"): {"get"},
-        ("", "events"): {"create", "patch"},
-    },
-    "dra-suite-allocation": {
-        ("resource.k8s.io", "resourceclaims"): {"get"},
-        ("resource.k8s.io", "resourceclaims/status"): {"get", "patch", "update"},
-        ("", "nodes"): {"get"},
-    },
-    "dra-suite-health": {
-        ("resource.k8s.io", "devicetaintrules"): {
-            *("create", "get", "list", "watch", "update", "patch", "delete")
-        },
-        ("resource.k8s.io", "resourceclaims"): {"list", "watch"},
-        ("", "events"): {"create", "patch"},
-        ("", "nodes"): {"get"},
-    },
+# The secured bus (interfaces.md "Bus identities"): names fixed across the team.
+BUS_AUDIENCE = "nats.dra-suite.io"
+TOKEN_FILE = "/var/run/secrets/dra-suite/nats/token"
+CA_FILE = "/etc/dra-suite/nats-tls/ca.crt"
+TLS_SECRET = "dra-suite-nats-tls"
+CALLOUT_SECRET = "dra-suite-nats-callout"
+CALLOUT_KEYS = {"issuer.seed", "issuer.pub", "xkey.seed", "xkey.pub", "auth-password"}
+AUTH_SERVICE_ENV = {  # env twins of dra-nats-auth's flags (interfaces.md)
+    *("NATS_URL", "NATS_USER", "NATS_PASSWORD_FILE", "NATS_TLS_CA_FILE", "NATS_NAMESPACE"),
+    *("ISSUER_SEED_FILE", "XKEY_SEED_FILE", "AUDIENCE", "TARGET_ACCOUNT", "AGENT_NAMESPACE"),
+    *("OPERATOR_USERS", "OPERATOR_GROUPS", "DRIVER_NAME", "OPS_PORT", "KUBECONFIG"),
+    *("LOG_LEVEL", "LOG_FORMAT"),
 }
+AGENT_SHUTDOWN_S = 10
 CEL_DRIVER = re.compile(r'device\.driver\s*==\s*"([^"]+)"')
 CEL_DOMAIN = re.compile(r'device\.(?:attributes|capacity)\["([^"]+)"\]')
 KUBECTL = shutil.which("kubectl")
@@ -198,6 +202,14 @@ def _name(doc: dict[str, Any]) -> str:
     return str((doc.get("metadata") or {}).get("name"))
 
 
+def is_kubernetes(doc: dict[str, Any]) -> bool:
+    """False for objects no Kubernetes schema knows: cert-manager's, the Prometheus Operator's
+    (test_install_components checks them), kustomize's own plugins."""
+    return not str(doc.get("apiVersion", "")).startswith(
+        ("cert-manager.io/", "monitoring.coreos.com/", "builtin")
+    )
+
+
 def _entries(*, patches: bool) -> list[tuple[str, dict[str, Any]]]:
     return [
         (f"{path.relative_to(KUSTOMIZE)}#{i}:{doc.get('kind')}/{_name(doc)}", doc)
@@ -207,11 +219,19 @@ def _entries(*, patches: bool) -> list[tuple[str, dict[str, Any]]]:
     ]
 
 
-OBJECTS = _entries(patches=False)
+ALL_OBJECTS = _entries(patches=False)
+OBJECTS = [(n, d) for n, d in ALL_OBJECTS if is_kubernetes(d)]
+"""What the Kubernetes schemas validate; cert-manager objects are checked on their own."""
 PATCHES = _entries(patches=True)
 AGENT_OBJECTS = [(n, d) for n, d in OBJECTS if not n.startswith("examples/")]
 """What installs dra-suite itself: everything but the examples (which have a DaemonSet too)."""
-DAEMONSETS = [(n, d) for n, d in AGENT_OBJECTS + PATCHES if d.get("kind") == "DaemonSet"]
+DAEMONSETS = [
+    (n, d)
+    for n, d in AGENT_OBJECTS + PATCHES
+    if d.get("kind") == "DaemonSet" and "containers" in d["spec"]["template"]["spec"]
+]
+"""Every agent DaemonSet and every patch of one agent's; not the patches of pod fields that
+components apply to all DaemonSets (node selector, pull secret)."""
 BASE_DAEMONSETS = [(n, d) for n, d in AGENT_OBJECTS if d.get("kind") == "DaemonSet"]
 
 
@@ -242,7 +262,7 @@ def _assert_rbac_has_no_wildcard(docs: Any) -> None:
 
 def _assert_env_names_are_flags(ds: dict[str, Any]) -> None:
     agent = _container(ds)["name"]
-    unknown = set(_env(ds)) - AGENT_ENV[agent] - RUNTIME_ENV
+    unknown = set(_env(ds)) - AGENT_ENV[agent] - RUNTIME_ENV - EXPANSION_ENV
     assert not unknown, f"{agent}: env names that are no agent flag: {sorted(unknown)}"
 
 
@@ -255,7 +275,12 @@ CONFIG_BUILDERS: dict[str, Callable[[list[str], Mapping[str, str]], Any]] = {
 
 
 # What the kubelet fills in from the downward API, for the env resolution below.
-_DOWNWARD_API = {"spec.nodeName": "node-a", "metadata.uid": "6f1c0a6e-3b1f-4d1e-9a55-1b2c3d4e5f60"}
+_DOWNWARD_API = {
+    "spec.nodeName": "node-a",
+    "metadata.uid": "6f1c0a6e-3b1f-4d1e-9a55-1b2c3d4e5f60",
+    # An annotation no pod has: empty (components/kubelet-root-microk8s turns rolling updates off).
+    "metadata.annotations['dra-suite.io/rolling-update-uid']": "",
+}
 
 
 def _resolved_env(ds: dict[str, Any]) -> dict[str, str]:
@@ -264,15 +289,34 @@ def _resolved_env(ds: dict[str, Any]) -> dict[str, str]:
     for entry in _container(ds).get("env", []):
         if "valueFrom" in entry:
             field = entry["valueFrom"]["fieldRef"]["fieldPath"]
-            assert field in _DOWNWARD_API, f"unexpected downward API field {field}"
-            env[entry["name"]] = _DOWNWARD_API[field]
+            known = {**_DOWNWARD_API, "metadata.namespace": ds["metadata"]["namespace"]}
+            assert field in known, f"unexpected downward API field {field}"
+            env[entry["name"]] = known[field]
         else:
             env[entry["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env[m[1]], entry["value"])
     return env
 
 
+@functools.cache
+def stand_in_files() -> dict[str, str]:
+    """Local files for the paths the pods read their bus credentials from (the projected token,
+    the CA certificate): the agents read and check them when they parse their config."""
+    folder = Path(tempfile.mkdtemp(prefix="dra-deploy-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    (folder / "token").write_text("projected-service-account-token\n")
+    trustme.CA().cert_pem.write_to_path(str(folder / "ca.crt"))
+    return {TOKEN_FILE: str(folder / "token"), CA_FILE: str(folder / "ca.crt")}
+
+
+def local_env(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` with the mounted files' paths replaced by local stand-ins."""
+    files = stand_in_files()
+    return {name: files.get(value, value) for name, value in env.items()}
+
+
 def _assert_agent_accepts(agent: str, env: Mapping[str, str]) -> None:
-    config = CONFIG_BUILDERS[agent]([], env)
+    """The agent builds its config from `env`, the mounted files stood in by local ones."""
+    config = CONFIG_BUILDERS[agent]([], local_env(env))
     assert (config.node_name, config.driver_name) == (env["NODE_NAME"], env["DRIVER_NAME"])
 
 
@@ -295,17 +339,23 @@ def node_access(ds: dict[str, Any]) -> NodeAccess:
 
 
 @functools.cache
-def render(target: str, components: tuple[str, ...] = ()) -> tuple[dict[str, Any], ...]:
+def render(
+    target: str, components: tuple[str, ...] = (), *, namespace: str = ""
+) -> tuple[dict[str, Any], ...]:
     """`kubectl kustomize` of a folder under deploy/kustomize; with `components` (folders
-    under deploy/kustomize too), of a kustomization that adds them to it, as a user's would."""
+    under deploy/kustomize too) or a `namespace`, of a kustomization that adds them to it, as a
+    user's would (another namespace with deploy/kustomize/namespace as its transformer)."""
     assert KUBECTL is not None
     with tempfile.TemporaryDirectory() as tmp:
         folder = KUSTOMIZE / target
-        if components:
-            kustomization = {
+        if components or namespace:
+            kustomization: dict[str, Any] = {
                 "resources": [os.path.relpath(folder, tmp)],
                 "components": [os.path.relpath(KUSTOMIZE / c, tmp) for c in components],
             }
+            if namespace:
+                kustomization["namespace"] = namespace
+                kustomization["transformers"] = [os.path.relpath(KUSTOMIZE / "namespace", tmp)]
             Path(tmp, "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
             folder = Path(tmp)
         result = subprocess.run(

@@ -225,7 +225,10 @@ def test_every_policy_has_a_deny_binding():
     docs = [d for p in sorted(ADMISSION.glob("*.yaml")) for d in _docs(p)]
     policies = {d["metadata"]["name"] for d in docs if d["kind"] == "ValidatingAdmissionPolicy"}
     bindings = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
-    assert policies == {"dra-suite-resourceslices-own-node", "dra-suite-deviceconfig"}
+    assert policies == {
+        *("dra-suite-resourceslices-own-node", "dra-suite-devicetaintrules-own-node"),
+        "dra-suite-deviceconfig",
+    }
     assert {b["spec"]["policyName"] for b in bindings} == policies
     assert all(b["spec"]["validationActions"] == ["Deny"] for b in bindings)
     for policy in docs:

@@ -67,8 +67,8 @@ EXPECTED = {
     "one-sim-npu": [("npu", "npu-0")],
     # Two NPUs on NUMA node 1 that share an HCCS ring.
     "npu-pair-numa1": [("npus", "npu-4"), ("npus", "npu-5")],
-    # Two NPUs on one card (PCIe root): the first alternative fits.
-    "two-sim-npus-card-ring-any": [("npus/same-card", "npu-0"), ("npus/same-card", "npu-1")],
+    # Two NPUs on one card, else one ring: the mixed profile's 910B4s are one chip per card.
+    "two-sim-npus-card-ring-any": [("npus/same-ring", "npu-0"), ("npus/same-ring", "npu-1")],
     # One GPU; the claim's opaque config does not change what is allocated.
     "one-sim-gpu-timesliced": [("gpu", "gpu-0")],
     # One NPU; tolerations matter only for tainted devices, and the sim slices have none.

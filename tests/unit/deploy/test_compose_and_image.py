@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import fnmatch
 import functools
-import json
-import re
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -131,41 +128,7 @@ def test_dockerfile_copies_kept_sources_and_runs_without_entrypoint_as_non_root(
     assert not user[-1].startswith(("0", "root"))
 
 
-# --- Grafana dashboards ---------------------------------------------------------------------
-
-_INSTRUMENT = re.compile(r'create_(?:counter|histogram|observable_gauge)\(\s*"(dra_[a-z_]+)"')
-_SERIES_SUFFIXES = ("_total", "_bucket", "_count", "_sum")
-
-
-def _instruments_in_code() -> set[str]:
-    names: set[str] = set()
-    for path in [*(REPO / "services").rglob("*.py"), *(REPO / "shared").rglob("*.py")]:
-        names |= set(_INSTRUMENT.findall(path.read_text(encoding="utf-8")))
-    return names
-
-
-def _instrument_of(series: str) -> str:
-    for suffix in _SERIES_SUFFIXES:
-        series = series.removesuffix(suffix)
-    return series.removesuffix("_seconds")
-
-
-@pytest.mark.parametrize(
-    "dashboard",
-    sorted((REPO / "deploy/compose/grafana/dashboards").glob("*.json")),
-    ids=lambda p: p.name,
-)
-def test_dashboard_queries_only_metrics_the_agents_export(dashboard: Path) -> None:
-    panels = json.loads(dashboard.read_text(encoding="utf-8"))["panels"]
-    used = {
-        _instrument_of(series)
-        for panel in panels
-        for target in panel["targets"]
-        for series in re.findall(r"\bdra_[a-z_]+", target["expr"])
-    }
-    assert used, "a dashboard without dra-suite metrics"
-    assert used <= _instruments_in_code(), sorted(used - _instruments_in_code())
-    assert {p["datasource"]["uid"] for p in panels} == {"prometheus"}
+# --- Grafana (the dashboards themselves: test_dashboard.py) ---------------------------------
 
 
 def test_grafana_dashboard_provider_points_at_the_mounted_dashboards() -> None:

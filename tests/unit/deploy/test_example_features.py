@@ -49,8 +49,8 @@ def _pool(scan: Any, *, driver: str, backend: str) -> list[dict[str, Any]]:
     return [_slice(driver, i, content) for i, content in enumerate(pool.contents)]
 
 
-async def _sim_slices() -> list[dict[str, Any]]:
-    return _pool(await SimBackend.from_profile("mixed").scan(), driver=SIM, backend="sim")
+async def _sim_slices(profile: str = "mixed") -> list[dict[str, Any]]:
+    return _pool(await SimBackend.from_profile(profile).scan(), driver=SIM, backend="sim")
 
 
 async def _nvml_slices(sysfs_root: Path) -> list[dict[str, Any]]:
@@ -96,31 +96,37 @@ def _edit_devices(slices_: list[dict[str, Any]], edit: Callable[[dict[str, Any]]
     return edited
 
 
-def _own_root_each(device: dict[str, Any]) -> None:
-    """Every NPU on a PCIe root of its own: no two NPUs share a card."""
-    index = device["attributes"]["index"]["int"]
-    device["attributes"]["resource.kubernetes.io/pcieRoot"] = {"string": f"pci{index:04x}:00"}
-
-
 def _busy(*names: str) -> Callable[[dict[str, Any]], None]:
     """Devices taken (modelled as NoSchedule-tainted: the scheduler skips them)."""
 
     def edit(device: dict[str, Any]) -> None:
-        _own_root_each(device)
         if device["name"] in names:
             device["taints"] = [{"key": "example.com/busy", "effect": "NoSchedule"}]
 
     return edit
 
 
-FALLBACKS = [  # (slice edit, the subrequest that is chosen, its devices)
-    (lambda d: None, "same-card", ["npu-0", "npu-1"]),
-    (_own_root_each, "same-ring", ["npu-0", "npu-1"]),
-    (_busy("npu-1", "npu-2", "npu-3", "npu-5", "npu-6", "npu-7"), "anywhere", ["npu-0", "npu-4"]),
+def _unchanged(device: dict[str, Any]) -> None:
+    pass
+
+
+FALLBACKS = [  # (sim profile, slice edit, the subrequest that is chosen, its devices)
+    ("ascend-310p-duo", _unchanged, "same-card", ["npu-0", "npu-1"]),
+    ("ascend-310p-duo", _busy("npu-0", "npu-3"), "same-card", ["npu-4", "npu-5"]),
+    ("ascend-310p-duo", _busy("npu-0", "npu-3", "npu-5", "npu-7"), "anywhere", ["npu-1", "npu-2"]),
+    ("mixed", _unchanged, "same-ring", ["npu-0", "npu-1"]),
+    (
+        "mixed",
+        _busy("npu-1", "npu-2", "npu-3", "npu-5", "npu-6", "npu-7"),
+        "anywhere",
+        ["npu-0", "npu-4"],
+    ),
 ]
 FALLBACK_IDS = [
-    "two NPUs behind one PCIe root are taken as the same card",
-    "without a shared card two NPUs of one HCCS ring are taken",
+    "both chips of a Duo card are taken as the same card",
+    "a card with both chips free is found past half-used ones",
+    "with no card whole (a Duo card is its own HCCS ring) any two chips are taken",
+    "with one chip per card (910B) two NPUs of one HCCS ring are taken",
     "with one free NPU per ring any two NPUs are taken",
 ]
 
@@ -148,17 +154,19 @@ def _first_available(claim: dict[str, Any], classes: Any, slices_: Any) -> list[
     raise scheduler.UnsatisfiableError("no subrequest fits")
 
 
-@pytest.mark.parametrize(("edit", "chosen", "devices"), FALLBACKS, ids=FALLBACK_IDS)
-async def test_card_ring_or_any_claim_falls_back_in_order(edit, chosen, devices):
-    slices_ = _edit_devices(await _sim_slices(), edit)
+@pytest.mark.parametrize(("profile", "edit", "chosen", "devices"), FALLBACKS, ids=FALLBACK_IDS)
+async def test_card_ring_or_any_claim_falls_back_in_order(profile, edit, chosen, devices):
+    slices_ = _edit_devices(await _sim_slices(profile), edit)
     claim = _claim("two-sim-npus-card-ring-any")
     got = _first_available(claim, _overlay_classes("sim"), slices_)
     assert got == [(f"npus/{chosen}", d) for d in devices]
 
 
-@pytest.mark.parametrize(("edit", "chosen", "devices"), FALLBACKS[1:], ids=FALLBACK_IDS[1:])
-async def test_devcluster_scheduler_honours_constraints_naming_a_subrequest(edit, chosen, devices):
-    slices_ = _edit_devices(await _sim_slices(), edit)
+@pytest.mark.parametrize(("profile", "edit", "chosen", "devices"), FALLBACKS, ids=FALLBACK_IDS)
+async def test_devcluster_scheduler_honours_constraints_naming_a_subrequest(
+    profile, edit, chosen, devices
+):
+    slices_ = _edit_devices(await _sim_slices(profile), edit)
     got = _allocated(_claim("two-sim-npus-card-ring-any"), _overlay_classes("sim"), slices_)
     assert got == [(f"npus/{chosen}", d) for d in devices]
 

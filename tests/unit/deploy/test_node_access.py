@@ -23,7 +23,7 @@ from tests.unit.deploy.manifests import (
 
 pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not on PATH")
 
-COMPONENTS = ("components/nats-auth", "components/slice-taints")
+COMPONENTS = ("components/cert-manager", "components/slice-taints")
 
 
 def _agents(overlay: str, *components: str) -> dict[str, dict[str, Any]]:

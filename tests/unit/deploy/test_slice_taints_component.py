@@ -20,6 +20,7 @@ from tests.unit.deploy.manifests import (
     _env,
     _of_kind,
     _resolved_env,
+    local_env,
     render,
 )
 
@@ -45,7 +46,9 @@ def test_the_component_sets_only_the_two_switches() -> None:
 def _taint_switches(objects: tuple[dict[str, Any], ...]) -> tuple[str, bool]:
     """(health taint target, discovery publishes device taints) as the agents parse their env."""
     configs = {
-        _container(ds)["name"]: CONFIG_BUILDERS[_container(ds)["name"]]([], _resolved_env(ds))
+        _container(ds)["name"]: CONFIG_BUILDERS[_container(ds)["name"]](
+            [], local_env(_resolved_env(ds))
+        )
         for ds in _of_kind(objects, "DaemonSet")
     }
     return configs["health"].taint_target, configs["discovery"].publish_device_taints
@@ -75,8 +78,8 @@ def test_each_overlay_with_the_component_is_valid_kubernetes(overlay: str, versi
 
 
 @needs_kubectl
-def test_the_component_combines_with_the_1_36_component_and_nats_auth() -> None:
-    components = ("overlays/nvidia/k8s-1.36", "components/nats-auth", COMPONENT)
+def test_the_component_combines_with_the_1_36_and_cert_manager_components() -> None:
+    components = ("overlays/nvidia/k8s-1.36", "components/cert-manager", COMPONENT)
     agents = {
         _container(ds)["name"]: _env(ds)
         for ds in _of_kind(render("overlays/nvidia", components), "DaemonSet")

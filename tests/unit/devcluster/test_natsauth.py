@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from services.devcluster.natsauth import JWTTrust, ServerAuth, ServerTLS, render_config
+from services.devcluster.natsauth import AuthCallout, JWTTrust, ServerAuth, ServerTLS, render_config
 from services.devcluster.natsserver import NATSServerProcess
 
 
@@ -50,3 +50,23 @@ def test_without_auth_the_server_keeps_its_plain_url(tmp_path):
     assert NATSServerProcess(tmp_path).url.startswith("nats://")
     tls = ServerTLS(cert_file=Path("c"), key_file=Path("k"))
     assert NATSServerProcess(tmp_path, auth=ServerAuth(tls=tls)).url.startswith("tls://")
+
+
+def test_auth_callout_renders_config_mode_accounts_and_the_callout_block():
+    callout = AuthCallout(issuer="AISSUER", auth_password="pw", xkey="XKEY")
+    text = render_config(ServerAuth(callout=callout))
+    assert "DRA: { jetstream: enabled }" in text
+    assert '{user: "dra-nats-auth", password: "pw"}' in text
+    assert "system_account: SYS" in text
+    assert 'issuer: "AISSUER"' in text
+    assert 'auth_users: ["dra-nats-auth"]' in text
+    assert "account: AUTH" in text
+    assert 'xkey: "XKEY"' in text
+    assert "xkey" not in render_config(
+        ServerAuth(callout=AuthCallout(issuer="A", auth_password="p"))
+    )
+
+
+def test_auth_callout_takes_no_other_auth():
+    with pytest.raises(ValueError, match="callout"):
+        ServerAuth(token="t", callout=AuthCallout(issuer="A", auth_password="p"))

@@ -95,7 +95,7 @@ def _picked(results: list[AllocationResult]) -> list[tuple[str, str]]:
             ["npu-0", "npu-1", "gpu-0"],
         ),
         (
-            f'device.capacity["{DRIVER}"].memCapacity == "32Gi"',
+            f'device.capacity["{DRIVER}"].memCapacity == quantity("32Gi")',
             ["npu-0", "npu-1", "npu-2", "npu-3", "gpu-0"],
         ),
         (f'has(device.attributes["{DRIVER}"].missing)', []),

@@ -9,13 +9,15 @@ from typing import Any
 
 import pytest
 
-from services.devcluster import capacity
+from services.allocator import capacity
+from services.allocator.device import Device
 from services.devcluster.scheduler import (
     AllocationResult,
     UnsatisfiableError,
     allocate,
     allocated_results,
 )
+from shared import quantity
 
 DRIVER = "sim.dra-suite.io"
 GI = 2**30
@@ -158,17 +160,24 @@ def test_a_request_above_the_device_capacity_matches_no_device():
     ],
 )
 def test_request_policies_round_as_kubernetes_does(requested, policy, consumed):
-    total = capacity.parse("80Gi")
-    amount = None if requested is None else capacity.parse(requested)
-    assert capacity.by_policy(amount, policy, total) == (
-        None if consumed is None else Decimal(consumed)
+    raw: dict[str, Any] = {"value": "80Gi"}
+    if policy is not None:
+        raw["requestPolicy"] = policy
+    device = Device.from_json(
+        {"name": "gpu-0", "capacity": {"memory": raw}}, driver=DRIVER, pool="p"
     )
+    wanted = {} if requested is None else {"memory": quantity.parse(requested)}
+    taken = capacity.consumption(device, wanted)
+    if consumed is None:
+        assert isinstance(taken, str)
+    else:
+        assert taken == {f"{DRIVER}/memory": Decimal(consumed)}
 
 
 @pytest.mark.parametrize(
-    ("amount", "quantity"),
+    ("amount", "text"),
     [(30 * GI, "30Gi"), (1536 * 2**20, "1536Mi"), (2000, "2k"), (7, "7"), (0, "0")],
 )
-def test_amounts_are_written_as_exact_quantities(amount, quantity):
-    assert capacity.as_quantity(Decimal(amount)) == quantity
-    assert capacity.parse(quantity) == amount
+def test_amounts_are_written_as_exact_quantities(amount, text):
+    assert quantity.exact(Decimal(amount)) == text
+    assert quantity.parse(text) == amount

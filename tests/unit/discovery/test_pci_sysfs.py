@@ -6,8 +6,9 @@ import os
 
 import pytest
 
-from services.discovery.backends import quantity, topology
+from services.discovery.backends import topology
 from services.discovery.backends.sysfs import Sysfs, normalize_bus_id
+from shared import quantity
 from tests.fakes.sysfs import add_pci_device
 
 

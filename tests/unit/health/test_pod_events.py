@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from services.devcluster.apiserver import ClusterConfig
@@ -12,6 +10,8 @@ from services.devcluster.apiserver.validation import Validator
 from services.health import events, pod_events
 from services.health.events import DeviceEvent
 from services.health.pod_events import PodRef
+from services.health.prepared_claims import PreparedClaims
+from shared.pb.drasuite.v1 import claim_pb2
 
 DRIVER = "sim.dra-suite.io"
 EVENT = DeviceEvent(reason=events.UNHEALTHY, device="gpu-1", message="xid 79", at=1700000000.25)
@@ -21,68 +21,55 @@ def claim(
     name: str,
     *,
     namespace: str = "team-a",
-    results: list[tuple[str, str, str]] | None = None,
-    reserved: list[dict[str, str]] | None = None,
-) -> dict[str, Any]:
-    status: dict[str, Any] = {}
-    if results is not None:
-        status["allocation"] = {
-            "devices": {
-                "results": [
-                    {"request": "gpu", "driver": d, "pool": p, "device": v} for d, p, v in results
-                ]
-            }
-        }
-    if reserved is not None:
-        status["reservedFor"] = reserved
-    return {"metadata": {"name": name, "namespace": namespace}, "status": status}
+    devices: list[tuple[str, str]] | None = None,
+    pods: list[claim_pb2.ClaimPod] | None = None,
+) -> claim_pb2.PreparedClaim:
+    """A prepared claim as the allocation agent writes it into the prepared-claims KV."""
+    return claim_pb2.PreparedClaim(
+        driver=DRIVER,
+        node="node-a",
+        claim_uid=f"uid-{name}",
+        namespace=namespace,
+        name=name,
+        devices=[claim_pb2.PreparedClaimDevice(pool=p, device=d) for p, d in devices or []],
+        pods=pods or [],
+    )
 
 
-def pod(name: str, uid: str = "u-1", **extra: str) -> dict[str, str]:
-    return {"resource": "pods", "name": name, "uid": uid, **extra}
+def pod(name: str, uid: str = "u-1", namespace: str = "team-a") -> claim_pb2.ClaimPod:
+    return claim_pb2.ClaimPod(namespace=namespace, name=name, uid=uid)
 
 
-OURS = (DRIVER, "node-a", "gpu-1")
+OURS = ("node-a", "gpu-1")
 CASES = {
-    "a pod reserving a claim on the device": (
-        [claim("c", results=[OURS], reserved=[pod("p")])],
+    "a pod of a claim on the device": (
+        [claim("c", devices=[OURS], pods=[pod("p")])],
         [PodRef(namespace="team-a", name="p", uid="u-1", claim="c")],
     ),
     "every pod sharing the claim": (
-        [claim("c", results=[OURS], reserved=[pod("p", "u-1"), pod("q", "u-2")])],
+        [claim("c", devices=[OURS], pods=[pod("p", "u-1"), pod("q", "u-2")])],
         [
             PodRef(namespace="team-a", name="p", uid="u-1", claim="c"),
             PodRef(namespace="team-a", name="q", uid="u-2", claim="c"),
         ],
     ),
     "another device of the pool": (
-        [claim("c", results=[(DRIVER, "node-a", "gpu-2")], reserved=[pod("p")])],
+        [claim("c", devices=[("node-a", "gpu-2")], pods=[pod("p")])],
         [],
     ),
     "the same device name in another pool": (
-        [claim("c", results=[(DRIVER, "node-b", "gpu-1")], reserved=[pod("p")])],
+        [claim("c", devices=[("node-b", "gpu-1")], pods=[pod("p")])],
         [],
     ),
-    "another driver's device": (
-        [claim("c", results=[("other.example.com", "node-a", "gpu-1")], reserved=[pod("p")])],
-        [],
-    ),
-    "an allocated claim nobody reserves": ([claim("c", results=[OURS])], []),
-    "an unallocated claim": ([claim("c", reserved=[pod("p")])], []),
-    "a consumer that is not a pod": (
-        [
-            claim(
-                "c",
-                results=[OURS],
-                reserved=[{"resource": "jobs", "apiGroup": "batch", "name": "j"}],
-            )
-        ],
+    "a prepared claim no pod uses": ([claim("c", devices=[OURS])], []),
+    "a pod of another namespace than its claim": (
+        [claim("c", devices=[OURS], pods=[pod("p", namespace="kube-system")])],
         [],
     ),
     "one pod named by two claims once": (
         [
-            claim("c", results=[OURS], reserved=[pod("p")]),
-            claim("d", results=[OURS], reserved=[pod("p")]),
+            claim("c", devices=[OURS], pods=[pod("p")]),
+            claim("d", devices=[OURS], pods=[pod("p")]),
         ],
         [PodRef(namespace="team-a", name="p", uid="u-1", claim="c")],
     ),
@@ -90,8 +77,17 @@ CASES = {
 
 
 @pytest.mark.parametrize(("claims", "expected"), CASES.values(), ids=CASES.keys())
-def test_pods_using_finds_the_pods_that_reserve_a_claim_on_the_device(claims, expected):
-    assert pod_events.pods_using(claims, driver=DRIVER, pool="node-a", device="gpu-1") == expected
+def test_pods_using_finds_the_pods_of_prepared_claims_on_the_device(claims, expected):
+    assert pod_events.pods_using(claims, pool="node-a", device="gpu-1") == expected
+
+
+def test_the_view_keeps_only_claims_still_in_the_kv_after_a_replay():
+    view = PreparedClaims()
+    for name in ("a", "b", "c"):
+        view.put(f"uid-{name}", claim(name, devices=[OURS]))
+    view.remove("uid-a")
+    view.retain(["uid-c"])
+    assert [c.name for c in view.claims()] == ["c"]
 
 
 def test_pod_event_body_points_at_the_pod_and_passes_validation():

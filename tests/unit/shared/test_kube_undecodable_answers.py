@@ -26,6 +26,12 @@ async def _claim(_: web.Request) -> web.Response:
     return web.Response(text=body, content_type="application/json")
 
 
+async def _deep_claim(_: web.Request) -> web.Response:
+    levels = 3000  # the API server accepts it; Python's decoder recurses once per level
+    body = '{"kind": "ResourceClaim", "spec": ' + '{"a":' * levels + "1" + "}" * levels + "}"
+    return web.Response(text=body, content_type="application/json")
+
+
 async def _not_json(_: web.Request) -> web.Response:
     return web.Response(text="<html>proxy error</html>", content_type="application/json")
 
@@ -38,6 +44,9 @@ async def _watch(_: web.Request) -> web.Response:
 async def client(tmp_path: Path) -> AsyncIterator[KubeClient]:
     app = web.Application()
     app.router.add_get("/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/huge", _claim)
+    app.router.add_get(
+        "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/deep", _deep_claim
+    )
     app.router.add_get("/api/v1/nodes/garbled", _not_json)
     app.router.add_get("/api/v1/nodes", _watch)
     runner = web.AppRunner(app)
@@ -55,6 +64,11 @@ async def client(tmp_path: Path) -> AsyncIterator[KubeClient]:
 async def test_a_number_beyond_the_int_limit_is_a_kube_error(client: KubeClient):
     with pytest.raises(KubeError, match="not decodable JSON"):
         await client.get(resources.RESOURCE_CLAIMS, "huge", namespace="default")
+
+
+async def test_json_nested_beyond_the_decoders_recursion_is_a_kube_error(client: KubeClient):
+    with pytest.raises(KubeError, match="nested too deeply to decode"):
+        await client.get(resources.RESOURCE_CLAIMS, "deep", namespace="default")
 
 
 async def test_an_answer_that_is_not_json_is_a_kube_error(client: KubeClient):

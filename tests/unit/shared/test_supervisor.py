@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -114,3 +115,50 @@ async def test_a_swallowed_cancellation_after_a_failure_is_also_retried() -> Non
     agent = FakeAgent(failing=_fails, stubborn=lambda: _swallows_cancellations(1, record))
     assert await asyncio.wait_for(run_agent(agent, grace_s=2, handle_signals=False), 10) == 1
     assert record == ["swallowed", "stopped"]
+
+
+async def test_the_closers_run_without_a_pending_cancellation_after_a_stop() -> None:
+    """3.11's TaskGroup leaves its parent cancelling; a closer would then abort half-way."""
+    seen: list[int] = []
+
+    class _Agent(FakeAgent):
+        async def open(self, resources: contextlib.AsyncExitStack) -> None:
+            task = asyncio.current_task()
+            assert task is not None
+            resources.callback(lambda: seen.append(task.cancelling()))
+
+    stop = asyncio.Event()
+    agent = _Agent(idle=_forever)
+    task = await _run_until_ready(agent, stop)
+    stop.set()
+    assert await task == 0
+    assert seen == [0]
+
+
+class StuckOpeningAgent(FakeAgent):
+    """An agent whose open() waits on a blocking call that never returns (a write to a failing
+    disk during recovery), after registering one closer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.opening = asyncio.Event()
+
+    async def open(self, resources: contextlib.AsyncExitStack) -> None:
+        resources.callback(self.events.append, "closed")
+        self.events.append("opening")
+        self.opening.set()
+        await asyncio.to_thread(self.release.wait)
+
+
+async def test_a_stop_while_opening_ends_the_agent_without_waiting_for_open() -> None:
+    agent = StuckOpeningAgent()
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_agent(agent, grace_s=2, stop=stop, handle_signals=False))
+    try:
+        await asyncio.wait_for(agent.opening.wait(), 2)
+        stop.set()
+        assert await asyncio.wait_for(task, 2) == 0
+        assert agent.events == ["opening", "closed"]
+    finally:
+        agent.release.set()

@@ -1,0 +1,352 @@
+"""`make scale`: a fleet of N simulated nodes (default 5,000 x 8 NPUs) running the real
+discovery and health agents in this process (bench.scale_fleet), against a 3-server NATS
+cluster (buckets and the alert stream with 3 replicas) and the API emulator, on the open bus.
+
+Phases and figures (merged into bench/results.json):
+- converge: every node's inventory in the KV and its ResourceSlice in the API
+  (`scale_converge_s`), with the CPU seconds each process used meanwhile
+  (`scale_converge_cpu_s_{sim,emulator,nats}`: the largest is the bottleneck);
+- at rest for `--steady-s`: API requests (watches aside) and writes
+  (`scale_steady_api_writes_60s`, `scale_steady_api_requests_per_node_min`), messages the
+  agents published (`scale_steady_nats_msgs_per_node_min`, from each server's client
+  connections);
+- a fault storm, 10 % of all devices failing within 10 s through the agents' fault control:
+  `scale_fault_storm_alerts_per_s`, and the alert stream's own capacity, a burst published as
+  fast as the cluster acks it (`scale_alert_stream_burst_per_s`); a durable consumer counts
+  `scale_alerts_lost` and `scale_alerts_duplicated` over both;
+- `scale_nats_server_rss_mb` (the largest server), `scale_sim_rss_mb_per_node`,
+  `scale_dractl_health_all_s` (`dractl health --all-nodes -o json` as a process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import nats.errors
+from nats.js import api
+
+from bench.scale_fleet import DRIVER, Fleet, cpu_s, node_name, rss_mb
+from services.dractl import queries
+from services.dractl.session import open_bus
+from shared import logging
+from shared.bus import codec
+from shared.bus.connection import Bus
+from shared.config import LogSettings
+from shared.errors import DraSuiteError
+from shared.kube import resources
+from shared.kube.client import KubeClient
+from shared.pb.drasuite.v1 import alert_pb2, health_pb2
+
+__all__ = ["main", "measure"]
+
+DEVICES_PER_NODE = 8
+STORM_FRACTION = 0.1
+STORM_WINDOW_S = 10.0
+BURST = 10_000
+_AUDIT = "scale-audit"
+_SETTLE_S = 15.0
+
+
+async def _wait(probe: Any, *, what: str, timeout_s: float, every_s: float = 1.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await probe():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not within {timeout_s}s")
+        await asyncio.sleep(every_s)
+
+
+async def _inventories(bus: Bus) -> int:
+    try:
+        info = await bus.js.stream_info(bus.names.kv_stream(bus.names.inventory_bucket))
+    except (nats.errors.Error, TimeoutError):
+        return 0
+    return int(info.state.messages)  # history 1: one message per key
+
+
+async def _slice_nodes(kube: KubeClient) -> int:
+    listed = await kube.list(resources.RESOURCE_SLICES)
+    return len({item["spec"].get("nodeName") for item in listed["items"]})
+
+
+def _cpu(fleet: Fleet) -> dict[str, float]:
+    assert fleet.apiserver is not None
+    assert fleet.apiserver.pid is not None
+    return {
+        "sim": cpu_s(),
+        "emulator": cpu_s(fleet.apiserver.pid),
+        "nats": sum(cpu_s(pid) for pid in fleet.nats_pids()),
+    }
+
+
+def _client_msgs(fleet: Fleet) -> Counter[str]:
+    """Messages the agents' connections published, summed over the servers, per agent."""
+    total: Counter[str] = Counter()
+    for port in fleet.nats.monitor_ports:
+        url = f"http://127.0.0.1:{port}/connz?limit=100000"
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            connections = json.load(answer)["connections"] or []
+        for connection in connections:
+            name = connection.get("name", "")  # dra-<agent>/<node>
+            if name.startswith("dra-"):
+                total[name.split("/")[0].removeprefix("dra-")] += connection["in_msgs"]
+    return total
+
+
+def _api_requests(api_url: str, *, clear: bool = False) -> list[dict[str, Any]]:
+    method = "DELETE" if clear else "GET"
+    request = urllib.request.Request(f"{api_url}/_emulator/requests", method=method)
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        return list(json.load(answer).get("items", []))
+
+
+def _start_requests(calls: list[dict[str, Any]], *, nodes: int) -> dict[str, float]:
+    """What each node asked of the API server while the fleet converged."""
+    watches = [c for c in calls if c["verb"] == "watch"]
+    writes = [c for c in calls if c["verb"] in ("create", "update", "patch", "delete")]
+    return {
+        "scale_converge_api_requests_per_node": round((len(calls) - len(watches)) / nodes, 2),
+        "scale_converge_api_writes_per_node": round(len(writes) / nodes, 2),
+        "scale_api_watches_per_node": round(len(watches) / nodes, 2),
+    }
+
+
+async def _steady(fleet: Fleet, api_url: str, *, seconds: float) -> dict[str, float]:
+    # The first health records and evaluations of a fresh start are not "at rest".
+    await asyncio.sleep(_SETTLE_S)
+    _api_requests(api_url, clear=True)
+    msgs_before = _client_msgs(fleet)
+    await asyncio.sleep(seconds)
+    by_agent = _client_msgs(fleet)
+    by_agent.subtract(msgs_before)
+    msgs = sum(by_agent.values())
+    calls = [r for r in _api_requests(api_url) if r["verb"] != "watch"]
+    writes = [r for r in calls if r["verb"] in ("create", "update", "patch", "delete")]
+    per_min = 60.0 / seconds / fleet.nodes
+    return {
+        "scale_steady_s": seconds,
+        "scale_steady_api_writes_60s": round(len(writes) * 60.0 / seconds),
+        "scale_steady_api_requests_per_node_min": round(len(calls) * per_min, 4),
+        "scale_steady_nats_msgs_per_node_min": round(msgs * per_min, 3),
+        **{
+            f"scale_steady_nats_msgs_per_node_min_{agent}": round(count * per_min, 3)
+            for agent, count in sorted(by_agent.items())
+        },
+    }
+
+
+async def _storm(bus: Bus, fleet: Fleet) -> tuple[dict[str, float], set[str]]:
+    """10 % of the devices fail within 10 s (fault commands at an even pace), then up to 60 s
+    for their alerts: the rate the stream received them at, how long after the window the last
+    one was stored, and how many commands or alerts did not make it."""
+    pairs = [(node_name(n), f"npu-{d}") for n in range(fleet.nodes) for d in range(8)]
+    failed = random.Random(7).sample(pairs, max(1, int(len(pairs) * STORM_FRACTION)))
+    refused: list[str] = []
+    accepted: set[str] = set()
+    start = time.monotonic()
+
+    async def fail(index: int, node: str, device: str) -> None:
+        await asyncio.sleep(start + index * STORM_WINDOW_S / len(failed) - time.monotonic())
+        command = health_pb2.FaultCommand(device=device, cause="xid", code="79")
+        for _ in range(5):
+            try:
+                await queries.inject_fault(bus, driver=DRIVER, node=node, command=command)
+                accepted.add(f"{node}/{device}/{alert_pb2.ALERT_STATUS_RAISED}")
+                return
+            except DraSuiteError as exc:
+                error = str(exc)
+                await asyncio.sleep(0.5)
+        refused.append(error)
+
+    await asyncio.gather(*(fail(i, n, d) for i, (n, d) in enumerate(failed)))
+    expected = len(failed) - len(refused)
+    with contextlib.suppress(TimeoutError):
+        await _wait(
+            lambda: _stream_has(bus, expected), what="storm alerts", timeout_s=60, every_s=0.2
+        )
+    elapsed = time.monotonic() - start
+    stored = int((await bus.js.stream_info(bus.names.alerts_stream)).state.messages)
+    return {
+        "scale_fault_storm_faults": len(failed),
+        "scale_fault_storm_commands_failed": len(refused),
+        "scale_fault_storm_alerts_stored": stored,
+        "scale_fault_storm_alerts_per_s": round(stored / elapsed, 1),
+        "scale_fault_storm_tail_s": round(elapsed - STORM_WINDOW_S, 2),
+    }, accepted
+
+
+async def _stream_has(bus: Bus, count: int) -> bool:
+    info = await bus.js.stream_info(bus.names.alerts_stream)
+    return int(info.state.messages) >= count
+
+
+async def _burst(bus: Bus) -> float:
+    """BURST alerts published as fast as the cluster acks them (msg ids, as agents send)."""
+    start = time.monotonic()
+    gate = asyncio.Semaphore(256)
+
+    async def publish(index: int) -> None:
+        node = node_name(index % 1000)
+        alert = alert_pb2.Alert(
+            id=f"burst-{index}", status=alert_pb2.ALERT_STATUS_RAISED, driver=DRIVER, node=node
+        )
+        async with gate:
+            await bus.publish_js(
+                bus.names.alerts(DRIVER, node), codec.encode_json(alert), msg_id=alert.id
+            )
+
+    await asyncio.gather(*(publish(i) for i in range(BURST)))
+    return BURST / (time.monotonic() - start)
+
+
+async def _audit(bus: Bus) -> Counter[str]:
+    """Every alert id the durable consumer is handed, counted."""
+    subscription = await bus.js.pull_subscribe(
+        bus.names.alerts_wildcard,
+        durable=_AUDIT,
+        stream=bus.names.alerts_stream,
+        config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL),
+    )
+    seen: Counter[str] = Counter()
+    while True:
+        try:
+            batch = await subscription.fetch(1000, timeout=3)
+        except (nats.errors.TimeoutError, TimeoutError):
+            return seen
+        for msg in batch:
+            alert = codec.decode_json(alert_pb2.Alert, msg.data, subject=msg.subject)
+            key = alert.id if alert.id.startswith("burst-") else f"{alert.node}/{alert.device}"
+            seen[f"{key}/{alert.status}"] += 1
+            await msg.ack()
+
+
+async def _dractl_health_all_s(fleet: Fleet) -> float:
+    start = time.monotonic()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "services.dractl",
+        f"--nats-url={fleet.nats.url}",
+        f"--driver-name={DRIVER}",
+        "--nats-connect-timeout-s=10",
+        *("-o", "json", "health", "--all-nodes"),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await process.communicate()
+    elapsed = time.monotonic() - start
+    if process.returncode != 0:
+        raise RuntimeError(f"dractl health --all-nodes: {err.decode()[-300:]}")
+    counts = json.loads(out)["counts"]
+    if process.returncode != 0 or counts["nodes"] != fleet.nodes:
+        raise RuntimeError(f"dractl health --all-nodes: {counts} {err.decode()[-500:]}")
+    return elapsed
+
+
+async def measure(*, nodes: int, steady_s: float, workdir: Path) -> dict[str, Any]:
+    fleet = Fleet(workdir, nodes)
+    await fleet.start_services()
+    api_url = fleet.api_url
+    figures: dict[str, Any] = {"scale_nodes": nodes, "scale_devices": nodes * DEVICES_PER_NODE}
+    try:
+        await fleet.register_nodes()
+        base_rss = rss_mb()
+        async with (
+            open_bus(fleet.nats_settings, timeout_s=10) as bus,
+            contextlib.AsyncExitStack() as stack,
+            asyncio.TaskGroup() as tg,
+        ):
+            kube = await KubeClient.connect(fleet.kube_settings)
+            stack.push_async_callback(kube.close)
+            _api_requests(api_url, clear=True)
+            cpu_before, start = _cpu(fleet), time.monotonic()
+            await fleet.run_agents(stack, tg)
+
+            async def converged() -> bool:
+                return await _inventories(bus) >= nodes and await _slice_nodes(kube) >= nodes
+
+            await _wait(converged, what="convergence", timeout_s=max(120.0, nodes * 0.2))
+            figures["scale_converge_s"] = round(time.monotonic() - start, 2)
+            spent = {k: v - cpu_before[k] for k, v in _cpu(fleet).items()}
+            figures |= {f"scale_converge_cpu_s_{k}": round(v, 1) for k, v in spent.items()}
+            figures["scale_sim_rss_mb_per_node"] = round((rss_mb() - base_rss) / nodes, 3)
+            figures |= _start_requests(_api_requests(api_url), nodes=nodes)
+            await _phases(figures, fleet, bus, api_url=api_url, steady_s=steady_s)
+            raise _Done
+    except* _Done:
+        pass
+    finally:
+        await fleet.stop_services()
+    return figures
+
+
+async def _phases(
+    figures: dict[str, Any], fleet: Fleet, bus: Bus, *, api_url: str, steady_s: float
+) -> None:
+    """The phases after convergence; one that fails is named in `scale_errors`, the others'
+    figures stay."""
+    errors: list[str] = []
+    figures["scale_errors"] = errors
+    expected: set[str] = set()
+
+    async def storm() -> None:
+        found, accepted = await _storm(bus, fleet)
+        figures.update(found)
+        expected.update(accepted)
+
+    async def burst() -> None:
+        figures["scale_alert_stream_burst_per_s"] = round(await _burst(bus), 1)
+        expected.update(f"burst-{i}/{alert_pb2.ALERT_STATUS_RAISED}" for i in range(BURST))
+
+    async def audit() -> None:
+        seen = await _audit(bus)
+        figures["scale_alerts_duplicated"] = sum(n - 1 for n in seen.values())
+        figures["scale_alerts_lost"] = len(expected - set(seen))
+
+    async def dractl() -> None:
+        figures["scale_dractl_health_all_s"] = round(await _dractl_health_all_s(fleet), 2)
+
+    async def steady() -> None:
+        figures.update(await _steady(fleet, api_url, seconds=steady_s))
+
+    for phase in (steady, storm, burst, audit, dractl):
+        try:
+            await phase()
+        except Exception as exc:  # a failed phase is a figure too; the others still count
+            errors.append(f"{phase.__name__}: {type(exc).__name__}: {exc}")
+    mem = max(v["mem"] for v in fleet.varz())
+    figures["scale_nats_server_rss_mb"] = round(mem / 2**20, 1)
+
+
+class _Done(Exception):
+    """Ends the fleet's TaskGroup once the figures are taken (its tasks are eternal)."""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="bench.scale", description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, default=5000)
+    parser.add_argument("--steady-s", type=float, default=60.0)
+    parser.add_argument("--out", type=Path, default=Path("bench/results.json"))
+    args = parser.parse_args()
+    logging.configure(LogSettings(level="error", format="console"), service="scale")
+    with tempfile.TemporaryDirectory(prefix="dra-scale-") as tmp:
+        figures = asyncio.run(measure(nodes=args.nodes, steady_s=args.steady_s, workdir=Path(tmp)))
+    figures["scale_bus"] = "open (no auth callout, no TLS), 3-server JetStream cluster, R3"
+    results: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
+    results.update(figures)
+    args.out.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    print(json.dumps(figures, indent=2, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

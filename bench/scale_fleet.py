@@ -1,0 +1,190 @@
+"""The simulated fleet of `make scale`: N nodes in this one process, each running the real
+discovery and health agents (their `open` and `spawn`, every task they run on a node: scan,
+inventory publish, slice reconcile, health evaluate/taint/alert, KV watchers) on the sim
+backend and monitor, and the allocation agent's two KV watchers, against one NATS cluster and
+the API emulator, on the open bus.
+
+The processes around it (a 3-server NATS cluster, the API emulator) are started here too, and
+the CPU each of them uses is read from /proc, so that the bottleneck can be named.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from services.allocation import watchers
+from services.allocation.health_board import HealthBoard
+from services.allocation.inventory_cache import InventoryCache
+from services.devcluster.natscluster import NATSCluster
+from services.devcluster.processes import ChildProcess
+from services.discovery.agent import DiscoveryAgent
+from services.discovery.config import DiscoveryConfig
+from services.health.agent import HealthAgent
+from services.health.config import HealthConfig
+from shared.bus.connection import Bus
+from shared.config import KubeSettings, NATSSettings, OpsSettings
+from shared.kube import resources
+from shared.kube.client import KubeClient
+from shared.supervisor import eternal
+
+__all__ = ["DRIVER", "PROFILE", "Fleet", "cpu_s", "rss_mb"]
+
+DRIVER = "sim.dra-suite.io"
+PROFILE = Path(__file__).parents[1] / "shared" / "sim" / "profiles" / "ascend-910b.yaml"
+"""8 NPUs per node."""
+_START_CONCURRENCY = 50
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int | None = None) -> float:
+    """Resident memory of a process (this one by default), in MiB."""
+    status = Path(f"/proc/{pid or os.getpid()}/status").read_text()
+    (line,) = [line for line in status.splitlines() if line.startswith("VmRSS:")]
+    return int(line.split()[1]) / 1024
+
+
+def cpu_s(pid: int | None = None) -> float:
+    """User + system CPU seconds a process has used so far."""
+    fields = Path(f"/proc/{pid or os.getpid()}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def node_name(index: int) -> str:
+    return f"sim-node-{index:05d}"
+
+
+@dataclass
+class Fleet:
+    workdir: Path
+    nodes: int
+    nats: NATSCluster = field(init=False)
+    apiserver: ChildProcess | None = None
+    agents: list[DiscoveryAgent | HealthAgent] = field(default_factory=list)
+    api_url: str = ""
+
+    def __post_init__(self) -> None:
+        self.nats = NATSCluster(self.workdir / "nats", size=3)
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.workdir / "kubeconfig.yaml"
+
+    @property
+    def nats_settings(self) -> NATSSettings:
+        return NATSSettings(url=self.nats.url, replicas=3, request_timeout_s=10.0)
+
+    @property
+    def kube_settings(self) -> KubeSettings:
+        return KubeSettings(kubeconfig=str(self.kubeconfig), request_timeout_s=30.0)
+
+    async def start_services(self) -> None:
+        (self.workdir / "inventory").mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(self.nats.start)
+        self.apiserver = ChildProcess(
+            name="apiserver",
+            argv=[
+                sys.executable,
+                "-m",
+                "services.devcluster.apiserver",
+                *("--port", "0", "--kubeconfig", str(self.kubeconfig)),
+                *("--kubernetes-version", "1.36"),
+                *("--feature-gates", "DRADeviceTaints=true,DRADeviceTaintRules=true"),
+            ],
+            log_path=self.workdir / "apiserver.log",
+        )
+        await self.apiserver.start()
+        line = await self.apiserver.read_line_until("apiserver_ready", timeout_s=30)
+        self.api_url = line.split("url=", 1)[-1].strip()
+
+    async def register_nodes(self) -> None:
+        """What each kubelet would have done: the Node objects exist before the agents."""
+        gate = asyncio.Semaphore(_START_CONCURRENCY)
+        kube = await KubeClient.connect(self.kube_settings)
+
+        async def register(index: int) -> None:
+            name = node_name(index)
+            body = {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+            }
+            async with gate:
+                await kube.create(resources.NODES, body)
+
+        try:
+            await asyncio.gather(*(register(i) for i in range(self.nodes)))
+        finally:
+            await kube.close()
+
+    def _agents_of(self, index: int) -> list[DiscoveryAgent | HealthAgent]:
+        common: dict[str, Any] = {
+            "nats": self.nats_settings,
+            "kube": self.kube_settings,
+            "ops": OpsSettings(ops_port=0),
+            "node_name": node_name(index),
+            "driver_name": DRIVER,
+            "sim_profile": str(PROFILE),
+        }
+        return [
+            DiscoveryAgent(DiscoveryConfig(**common)),
+            HealthAgent(HealthConfig(**common, recovery_hold_s=1.0, flap_window_s=0.0)),
+        ]
+
+    async def run_agents(self, resources: contextlib.AsyncExitStack, tg: asyncio.TaskGroup) -> None:
+        """Open every node's agents (a few at a time: each connects to NATS and the API) and
+        spawn their tasks in `tg`."""
+        gate = asyncio.Semaphore(_START_CONCURRENCY)
+
+        async def start(index: int) -> None:
+            async with gate:
+                for agent in self._agents_of(index):
+                    await agent.open(resources)
+                    agent.spawn(tg)
+                    self.agents.append(agent)
+                self._allocation_watchers(index, resources, tg)
+
+        await asyncio.gather(*(start(i) for i in range(self.nodes)))
+
+    def _allocation_watchers(
+        self, index: int, resources: contextlib.AsyncExitStack, tg: asyncio.TaskGroup
+    ) -> None:
+        """The allocation agent's KV watchers (inventory, health) on its own connection, as
+        the agent runs them; its kubelet front has no work at rest and is not simulated."""
+        node = node_name(index)
+        bus = Bus(self.nats_settings, name=f"dra-allocation/{node}", component="allocation")
+        resources.push_async_callback(bus.close)
+        board = HealthBoard(pool=node)
+        cache = InventoryCache(self.workdir / "inventory" / node, driver=DRIVER, node=node)
+        tasks = {
+            "bus-connector": bus.run(),
+            "inventory-watcher": watchers.inventory_watcher(
+                bus, cache=cache, board=board, driver=DRIVER, node=node
+            ),
+            "health-watcher": watchers.health_watcher(bus, board=board, driver=DRIVER, node=node),
+        }
+        for name, coro in tasks.items():
+            tg.create_task(eternal(name, coro), name=f"{name}/{node}")
+
+    def varz(self) -> list[dict[str, Any]]:
+        """Each server's /varz (messages, bytes, memory)."""
+        found = []
+        for port in self.nats.monitor_ports:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/varz", timeout=5) as answer:
+                found.append(json.load(answer))
+        return found
+
+    def nats_pids(self) -> list[int]:
+        return [s.pid for s in self.nats.servers if s.pid is not None]
+
+    async def stop_services(self) -> None:
+        if self.apiserver is not None:
+            await self.apiserver.stop()
+        await asyncio.to_thread(self.nats.stop)

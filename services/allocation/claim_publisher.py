@@ -1,0 +1,270 @@
+"""The prepared-claims writer: one `PreparedClaim` per claim prepared on this node, in the
+`dra_claims` KV (key `<driver>.<node>.<claim uid>`), for the health agent's pod attribution and
+`dractl claims`.
+
+`prepared()` and `unprepared()` only record what is wanted and return at once: a prepare never
+waits on NATS, nor fails because of it. The `claim-publisher` task writes what changed; while
+NATS is down the wanted state waits, and after every (re)connect the node's keys are resynced
+(stale keys deleted, missing or different ones put). At start `seed()` re-asserts the claims of
+the checkpoint. Pods come from the claim's `status.reservedFor` as read by the prepare; when a
+prepare did not read the claim (a repeat, a restart), the pods are kept from the KV value, or
+looked up (a claim GET) by this task, off the prepare path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
+from typing import Protocol, cast
+
+import structlog
+
+from services.allocation.checkpoint import PreparedClaim
+from services.allocation.claims import AllocatedClaim, ClaimRef, PodRef
+from shared.backoff import Backoff
+from shared.bus import codec, kv
+from shared.bus.connection import Bus
+from shared.cancellation import reraise_if_cancelling
+from shared.errors import BusUnavailableError, ClaimError, MalformedMessageError
+from shared.pb.drasuite.v1 import claim_pb2
+
+__all__ = ["ClaimReading", "PodLookup", "PreparedClaimPublisher", "lookup_with", "to_message"]
+
+log = structlog.get_logger(__name__)
+
+PodLookup = Callable[[ClaimRef], Awaitable[Sequence[PodRef]]]
+"""The pods a claim is reserved for now (a claim GET); raises ClaimError when it cannot tell."""
+
+
+class ClaimReading(Protocol):
+    """What `lookup_with` needs: `claims.ClaimReader`."""
+
+    async def read(self, ref: ClaimRef) -> AllocatedClaim: ...
+
+
+def lookup_with(reader: ClaimReading) -> PodLookup:
+    """Pods looked up by reading the claim as a prepare does."""
+
+    async def pods(ref: ClaimRef) -> Sequence[PodRef]:
+        return (await reader.read(ref)).pods
+
+    return pods
+
+
+def to_message(
+    record: PreparedClaim, *, node: str, pods: Sequence[PodRef], prepared_unix_ms: int
+) -> claim_pb2.PreparedClaim:
+    """The KV value of a prepared claim (pure)."""
+    return claim_pb2.PreparedClaim(
+        driver=record.driver,
+        node=node,
+        claim_uid=record.uid,
+        namespace=record.namespace,
+        name=record.name,
+        devices=[
+            claim_pb2.PreparedClaimDevice(
+                request_names=list(device.request_names),
+                pool=device.pool,
+                device=device.device,
+                share_id=device.share_id or "",
+                cdi_device_ids=list(device.cdi_device_ids),
+            )
+            for device in record.devices
+        ],
+        pods=[claim_pb2.ClaimPod(namespace=p.namespace, name=p.name, uid=p.uid) for p in pods],
+        state=claim_pb2.PREPARED_CLAIM_STATE_PREPARED,
+        prepared_unix_ms=prepared_unix_ms,
+    )
+
+
+class PreparedClaimPublisher:
+    def __init__(
+        self,
+        bus: Bus,
+        *,
+        driver: str,
+        node: str,
+        lookup: PodLookup,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._bus = bus
+        self._driver = driver
+        self._node = node
+        self._lookup = lookup
+        self._clock = clock
+        self._records: dict[str, PreparedClaim] = {}
+        self._pods: dict[str, tuple[PodRef, ...]] = {}
+        self._since_ms: dict[str, int] = {}
+        self._dirty: set[str] = set()
+        """Claim UIDs whose key must be put (prepared) or deleted (not prepared any more)."""
+        self._lookups: set[str] = set()
+        """Claim UIDs whose pods are to be read from the API (a repeat prepare, a restart)."""
+        self._written: dict[str, bytes] = {}
+        self._changed = asyncio.Event()
+        self.synced = asyncio.Event()
+        """Set whenever the KV holds exactly the wanted state (tests, readiness of the view)."""
+
+    def prepared(self, record: PreparedClaim, *, pods: Sequence[PodRef] | None) -> None:
+        """`record` completed its prepare; `pods` from the claim it read, None when not read."""
+        uid = record.uid
+        self._records[uid] = record
+        self._since_ms.setdefault(uid, int(self._clock() * 1000))
+        if pods is not None:
+            self._pods[uid] = tuple(pods)
+            self._lookups.discard(uid)
+        else:
+            self._lookups.add(uid)
+        self._mark(uid)
+
+    def unprepared(self, uid: str) -> None:
+        if self._records.pop(uid, None) is None and uid not in self._written:
+            return
+        self._pods.pop(uid, None)
+        self._since_ms.pop(uid, None)
+        self._lookups.discard(uid)
+        self._mark(uid)
+
+    def seed(self, records: Iterable[PreparedClaim]) -> None:
+        """At start: the completed claims of the checkpoint (pods from the KV or looked up)."""
+        for record in records:
+            self.prepared(record, pods=None)
+
+    def _mark(self, uid: str) -> None:
+        self._dirty.add(uid)
+        self.synced.clear()
+        self._changed.set()
+
+    async def run(self) -> None:
+        """Eternal: resync after each (re)connect, then write changes as they come."""
+        backoff = Backoff(initial_s=0.2, max_s=5.0)
+        synced_epoch = -1
+        while True:
+            await self._bus.connected.wait()
+            epoch = self._bus.epoch
+            self._changed.clear()
+            try:
+                if epoch != synced_epoch:
+                    await self._resync()
+                    synced_epoch = epoch
+                await self._look_up_pods()
+                await self._flush()
+                reraise_if_cancelling()
+            except BusUnavailableError as exc:
+                delay = backoff.next_delay()
+                log.warning("prepared_claims_write_failed", error=str(exc), retry_in_s=delay)
+                await asyncio.sleep(delay)
+                continue
+            backoff.reset()
+            if not self._dirty:
+                self.synced.set()
+            await self._wait_for_change(epoch)
+
+    async def _wait_for_change(self, epoch: int) -> None:
+        waiters = [
+            asyncio.ensure_future(self._changed.wait()),
+            asyncio.ensure_future(self._bus.wait_epoch_after(epoch)),
+        ]
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+            await asyncio.gather(*waiters, return_exceptions=True)
+
+    async def _resync(self) -> None:
+        """Compare the node's keys with the wanted state: all differing keys become dirty."""
+        existing = await self._existing()
+        self._written = {}
+        for uid, message in existing.items():
+            seeded = uid in self._records and uid not in self._pods
+            if seeded and message is not None and message.claim_uid == uid:
+                # A restart: the KV kept what this agent wrote; no claim GET needed.
+                self._pods[uid] = tuple(
+                    PodRef(namespace=p.namespace, name=p.name, uid=p.uid) for p in message.pods
+                )
+                self._since_ms[uid] = message.prepared_unix_ms or self._since_ms[uid]
+                self._lookups.discard(uid)
+            if message is not None and uid in self._records:
+                self._written[uid] = codec.encode(message)
+        self._dirty |= set(existing) | set(self._records)
+
+    async def _existing(self) -> dict[str, claim_pb2.PreparedClaim | None]:
+        """The node's keys now in the KV, by claim UID (None for a value that does not decode)."""
+        names = self._bus.names
+        keys = names.claim_keys(self._driver, self._node)
+        prefix = keys.removesuffix("*")
+        found: dict[str, claim_pb2.PreparedClaim | None] = {}
+        try:
+            async with asyncio.timeout(self._bus.settings.request_timeout_s * 2):
+                # watch() is an async generator: closing it stops the server-side watcher.
+                watch = cast(
+                    AsyncGenerator[kv.KVChange, None],
+                    kv.watch(self._bus, bucket=names.claims_bucket, keys=keys),
+                )
+                async with contextlib.aclosing(watch) as changes:
+                    async for change in changes:
+                        if change.synced:
+                            break
+                        if change.value is not None and change.key.startswith(prefix):
+                            found[change.key.removeprefix(prefix)] = _decoded(change)
+        except TimeoutError as exc:
+            raise BusUnavailableError("listing prepared claims timed out", subject=keys) from exc
+        return found
+
+    async def _look_up_pods(self) -> None:
+        for uid in sorted(self._lookups):
+            record = self._records.get(uid)
+            if record is None:
+                continue
+            ref = ClaimRef(namespace=record.namespace, name=record.name, uid=uid)
+            try:
+                pods = tuple(await self._lookup(ref))
+            except ClaimError as exc:
+                log.warning("prepared_claim_pods_unknown", claim_uid=uid, error=str(exc))
+                pods = ()
+            if uid in self._records:  # not unprepared meanwhile
+                self._pods[uid] = pods
+                self._lookups.discard(uid)
+                self._dirty.add(uid)
+
+    async def _flush(self) -> None:
+        for uid in sorted(self._dirty):
+            if uid in self._records and uid not in self._pods:
+                continue  # written once its pods are known
+            # Taken off first: a prepare or unprepare during the write marks it again.
+            self._dirty.discard(uid)
+            try:
+                await self._write(uid)
+            except BusUnavailableError:
+                self._dirty.add(uid)
+                raise
+
+    async def _write(self, uid: str) -> None:
+        bucket = self._bus.names.claims_bucket
+        key = self._bus.names.claim_key(self._driver, self._node, uid)
+        record = self._records.get(uid)
+        if record is None:
+            await self._bus.kv_delete(bucket, key)
+            self._written.pop(uid, None)
+            log.debug("prepared_claim_deleted", claim_uid=uid)
+            return
+        message = to_message(
+            record,
+            node=self._node,
+            pods=self._pods.get(uid, ()),
+            prepared_unix_ms=self._since_ms[uid],
+        )
+        blob = codec.encode(message)
+        if self._written.get(uid) != blob:
+            await self._bus.kv_put(bucket, key, blob)
+            self._written[uid] = blob
+            log.debug("prepared_claim_written", claim_uid=uid, pods=len(message.pods))
+
+
+def _decoded(change: kv.KVChange) -> claim_pb2.PreparedClaim | None:
+    try:
+        return codec.decode(claim_pb2.PreparedClaim, change.value or b"", subject=change.key)
+    except MalformedMessageError:
+        return None

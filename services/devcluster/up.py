@@ -1,0 +1,107 @@
+"""`dra-suite up`: the local stack until a stop signal, with every endpoint printed.
+
+Besides the stack it registers the plugin with a kubelet emulator (so the allocation agent's
+/readyz turns ready) and creates a DeviceClass for every device of the driver, so that
+`dra-suite claim` can prepare a claim right away. It records the endpoints in the work dir
+for that helper. The bus is open (no auth, no TLS) and listens on 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable
+from typing import Any, TextIO, TypeVar
+
+from services.devcluster import flow, workdir
+from services.devcluster.kubelet import KubeletEmulator
+from services.devcluster.stack import AGENTS, OPEN_BUS_WARNING, LocalStack, StackConfig
+
+__all__ = ["StoppedError", "run_up"]
+
+_T = TypeVar("_T")
+
+
+class StoppedError(Exception):
+    """A stop signal arrived before the step it interrupted finished."""
+
+
+async def run_up(config: StackConfig, *, stop: asyncio.Event, out: TextIO) -> int:
+    """Run the stack until `stop` is set; 0 when every agent then exited 0."""
+    stack = LocalStack(config)
+    kubelet = KubeletEmulator(config.registry_dir)
+    try:
+        try:
+            await _unless_stopped(_start(stack, kubelet), stop)
+        except StoppedError:
+            out.write("stopped before the stack was up\n")
+        else:
+            _print_endpoints(stack.endpoints(), config=config, out=out)
+            await stop.wait()
+        out.write("stopping: the agents first, then the API emulator and nats-server\n")
+        out.flush()
+    finally:
+        await kubelet.close()
+        codes = await stack.stop()
+    out.write(", ".join(f"{agent} exited {code}" for agent, code in codes.items()) + "\n")
+    out.flush()
+    return 0 if all(code == 0 for code in codes.values()) else 1
+
+
+async def _start(stack: LocalStack, kubelet: KubeletEmulator) -> None:
+    cfg = stack.config
+    await stack.start()
+    async with stack.kube() as kube:
+        await flow.create_device_class(
+            kube, name=cfg.driver_name, cel=f'device.driver == "{cfg.driver_name}"'
+        )
+    await kubelet.register(driver=cfg.driver_name, timeout_s=30.0)
+    await stack.wait_agents_ready()
+    workdir.write_endpoints(cfg.workdir, stack.endpoints())
+
+
+async def _unless_stopped(step: Awaitable[_T], stop: asyncio.Event) -> _T:
+    """Await `step`, or cancel it and raise StoppedError when `stop` is set first."""
+    task = asyncio.ensure_future(step)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    raise StoppedError
+
+
+def _print_endpoints(endpoints: dict[str, Any], *, config: StackConfig, out: TextIO) -> None:
+    url, node = endpoints["nats_url"], endpoints["node"]
+    rows = [
+        ("NATS", f"{url}  (open bus: no auth, no TLS; 127.0.0.1 only)"),
+        ("API emulator", endpoints["api_url"]),
+        ("kubeconfig", endpoints["kubeconfig"]),
+        ("CDI specs", endpoints["cdi_dir"]),
+        ("plugin registry", endpoints["plugin_registry_dir"]),
+        ("logs", endpoints["logs_dir"]),
+    ]
+    rows += [
+        (f"{agent} ops", f"{endpoints['ops'][agent]}/metrics  /healthz  /readyz")
+        for agent in AGENTS
+    ]
+    out.write(f"{OPEN_BUS_WARNING}\n")
+    out.write(f"dra-suite is up: driver {endpoints['driver']}, node {node}\n")
+    for name, value in rows:
+        out.write(f"  {name:<16} {value}\n")
+    out.write(
+        "try:\n"
+        f"  export NATS_URL={url} NODE_NAME={node}\n"
+        "  dractl inventory\n"
+        "  dractl health\n"
+        "  dractl claims\n"
+        f"  dra-suite claim --workdir {config.workdir}   # a prepare through the kubelet emulator\n"
+        f"  dra-suite load --workdir {config.workdir}    # a steady load, for the metrics\n"
+        "Ctrl-C (or SIGTERM/SIGHUP) stops everything\n"
+    )
+    out.flush()

@@ -1,0 +1,234 @@
+"""`dractl explain`: why a claim fits a node or not, and what would make it fit.
+
+Reads ResourceSlices, DeviceClasses, ResourceClaims and DeviceTaintRules from the API server
+(kubeconfig), takes the claim by name or the claims a manifest stands for (`-f`: a
+ResourceClaim, ResourceClaimTemplate or Pod), and runs the product allocator on every node or
+one. Exit 0 when every claim fits somewhere, 1 when one does not, 2 on bad input (unknown
+class, malformed CEL, a claim only of other drivers, a manifest it cannot read).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from services.allocator.allocator import Cluster
+from services.allocator.errors import ClaimError
+from services.allocator.explanation import (
+    Explanation,
+    PodExplanation,
+    explain,
+    explain_pod,
+    selects_driver,
+)
+from services.allocator.request import read_claim
+from services.allocator.result import Holdings, allocated_results, claim_ref
+from services.dractl import explain_view
+from services.dractl.explain_manifest import Manifest, ManifestError, read_manifest
+from shared.config import KubeSettings, add_arguments, from_args
+from shared.errors import DraSuiteError, KubeNotFoundError
+from shared.kube import resources
+from shared.kube.client import KubeClient
+
+__all__ = ["ExplainInputError", "explain_claims", "register", "run"]
+
+Obj = dict[str, Any]
+RESOURCE_CLAIM_TEMPLATES = resources.ResourceType(
+    resources.RESOURCE_GROUP, "v1", "resourceclaimtemplates", "ResourceClaimTemplate", True
+)
+TAINT_RULE_VERSIONS = ("v1", "v1beta2", "v1alpha3")
+EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_BAD_INPUT = 0, 1, 2
+
+
+class ExplainInputError(Exception):
+    """What `dractl explain` was given cannot be explained."""
+
+
+def register(commands: Any, *, parents: Sequence[argparse.ArgumentParser] = ()) -> None:
+    """Add the `explain` subcommand to dractl's subparsers; `parents` carry the global flags
+    (`-o table|wide|json|yaml` among them) so that they may follow the subcommand."""
+    text = "why a claim fits a node or not, and what would make it fit"
+    parser = commands.add_parser("explain", help=text, description=text, parents=list(parents))
+    parser.add_argument("claim", nargs="?", help="a ResourceClaim name (or use -f)")
+    parser.add_argument("-n", "--namespace", default="default")
+    parser.add_argument(
+        "-f", "--filename", help="a ResourceClaim, template or Pod manifest; - for stdin"
+    )
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--node", help="explain this node only")
+    where.add_argument("--all-nodes", action="store_true", help="every node (the default)")
+    add_arguments(parser, KubeSettings)
+
+
+async def run(args: argparse.Namespace, *, out: TextIO = sys.stdout) -> int:
+    """The subcommand; errors are printed on stderr and become exit code 2."""
+    try:
+        settings = from_args(KubeSettings, args, os.environ)
+        documents = _documents(args)
+        kube = await KubeClient.connect(settings)
+        try:
+            explanations = await explain_claims(
+                kube,
+                claim=args.claim,
+                namespace=args.namespace,
+                documents=documents,
+                node=args.node,
+                driver=getattr(args, "driver_name", None),
+            )
+        finally:
+            await kube.close()
+    except (ExplainInputError, ManifestError, ClaimError, DraSuiteError) as exc:
+        print(f"dractl explain: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    _render(explanations, output=getattr(args, "output", None), out=out)
+    return EXIT_FITS if all(e.fits for e in explanations) else EXIT_DOES_NOT_FIT
+
+
+def _documents(args: argparse.Namespace) -> list[Any] | None:
+    if bool(args.claim) == bool(args.filename):
+        raise ExplainInputError("give a claim name or -f FILE, not both or neither")
+    if not args.filename:
+        return None
+    try:
+        text = sys.stdin.read() if args.filename == "-" else Path(args.filename).read_text()
+        return list(yaml.safe_load_all(text))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ExplainInputError(f"{args.filename}: {exc}") from exc
+
+
+def _render(
+    explanations: Sequence[Explanation | PodExplanation], *, output: str | None, out: TextIO
+) -> None:
+    data = [explain_view.as_data(e) for e in explanations]
+    if output == "json":
+        json.dump(data[0] if len(data) == 1 else data, out, indent=2)
+        out.write("\n")
+    elif output == "yaml":
+        yaml.safe_dump(data[0] if len(data) == 1 else data, out, sort_keys=False)
+    else:
+        explain_view.table(explanations, out=out)
+
+
+async def explain_claims(
+    kube: KubeClient,
+    *,
+    claim: str | None,
+    namespace: str,
+    documents: Sequence[Any] | None,
+    node: str | None,
+    driver: str | None,
+) -> list[Explanation | PodExplanation]:
+    """Explain the named claim, or those the manifest stands for, against the cluster; a
+    pod with several claims also gets whether they fit together."""
+    state = await _cluster_state(kube)
+    pods: list[tuple[str, list[Obj]]] = []
+    if documents is None:
+        assert claim is not None
+        try:
+            claims = [await kube.get(resources.RESOURCE_CLAIMS, claim, namespace=namespace)]
+        except KubeNotFoundError as exc:
+            raise ExplainInputError(f"resourceclaim {namespace}/{claim} not found") from exc
+        classes = state["classes"]
+    else:
+        manifest = read_manifest(documents, namespace=namespace)
+        classes = [*state["classes"], *manifest.classes]
+        pods = await _pod_groups(kube, manifest, classes)
+        claims = _unique([*manifest.claims, *(c for _, group in pods for c in group)])
+    base = Cluster.build(slices=state["slices"], classes=classes, taint_rules=state["taint_rules"])
+    nodes = [node] if node else base.inventory.nodes
+    answers: list[Explanation | PodExplanation] = [
+        _explain_one(base, wanted, others=state["claims"], nodes=nodes, driver=driver)
+        for wanted in claims
+    ]
+    for pod, group in pods:
+        if len(group) > 1:
+            answers.append(_together(base, pod, group, others=state["claims"], nodes=nodes))
+    return answers
+
+
+def _unique(claims: Iterable[Obj]) -> list[Obj]:
+    seen: dict[str, Obj] = {}
+    for claim in claims:
+        seen.setdefault(claim_ref(claim), claim)
+    return list(seen.values())
+
+
+def _together(
+    base: Cluster, pod: str, group: Sequence[Obj], *, others: Sequence[Obj], nodes: Sequence[str]
+) -> PodExplanation:
+    """Whether the pod's claims fit together; none of them holds anything meanwhile."""
+    refs = {claim_ref(c) for c in group}
+    held = [c for c in others if claim_ref(c) not in refs]
+    cluster = dataclasses.replace(base, holdings=Holdings.of(allocated_results(held)))
+    specs = [read_claim(c, base.classes) for c in group]
+    return explain_pod(cluster, pod, specs, nodes=nodes)
+
+
+def _explain_one(
+    base: Cluster, claim: Obj, *, others: Sequence[Obj], nodes: Sequence[str], driver: str | None
+) -> Explanation:
+    spec = read_claim(claim, base.classes)
+    ref = claim_ref(claim)
+    uid = (claim.get("metadata") or {}).get("uid")
+    held = [
+        c for c in others if claim_ref(c) != ref and (not uid or c["metadata"].get("uid") != uid)
+    ]
+    cluster = dataclasses.replace(base, holdings=Holdings.of(allocated_results(held)))
+    explanation = explain(cluster, spec, nodes=nodes)
+    if not explanation.fits and driver and selects_driver(cluster, spec, driver=driver) is False:
+        raise ClaimError(
+            f"claim {ref} asks only for devices of other drivers: its device classes select "
+            f"none of the {driver} devices"
+        )
+    return explanation
+
+
+async def _pod_groups(
+    kube: KubeClient, manifest: Manifest, classes: list[Obj]
+) -> list[tuple[str, list[Obj]]]:
+    wanted_templates, wanted_claims = manifest.wanted()
+    templates = {ref: await _get(kube, RESOURCE_CLAIM_TEMPLATES, ref) for ref in wanted_templates}
+    claims = {ref: await _get(kube, resources.RESOURCE_CLAIMS, ref) for ref in wanted_claims}
+    return manifest.pod_groups(
+        templates={k: v for k, v in templates.items() if v is not None},
+        claims={k: v for k, v in claims.items() if v is not None},
+        classes=classes,
+    )
+
+
+async def _get(kube: KubeClient, rt: resources.ResourceType, ref: tuple[str, str]) -> Obj | None:
+    try:
+        return await kube.get(rt, ref[1], namespace=ref[0])
+    except KubeNotFoundError:
+        return None
+
+
+async def _cluster_state(kube: KubeClient) -> dict[str, list[Obj]]:
+    return {
+        "slices": (await kube.list(resources.RESOURCE_SLICES))["items"],
+        "classes": (await kube.list(resources.DEVICE_CLASSES))["items"],
+        "claims": (await kube.list(resources.RESOURCE_CLAIMS))["items"],
+        "taint_rules": await _taint_rules(kube),
+    }
+
+
+async def _taint_rules(kube: KubeClient) -> list[Obj]:
+    """DeviceTaintRules in the first version the server serves them in; none when it does
+    not (device taints off)."""
+    served = await kube.served_versions(resources.RESOURCE_GROUP)
+    for version in TAINT_RULE_VERSIONS:
+        if version not in served:
+            continue
+        try:
+            return list((await kube.list(resources.device_taint_rules(version)))["items"])
+        except KubeNotFoundError:
+            continue
+    return []

@@ -1,0 +1,73 @@
+"""The claims prepared on this node, from the prepared-claims KV (`dra_claims`, written by the
+allocation agent): which pods use a device, for pod Events.
+
+Only this node's keys are watched (`Names.claim_keys`), so no other node's claims and no
+cluster-wide ResourceClaim list are needed. The `claim-watcher` task mirrors the keys into a
+`PreparedClaims` view; a value that does not decode, or names another driver, node or claim
+than its key, is logged and skipped. After each replay, keys that no longer exist are dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import structlog
+
+from shared.bus import codec, kv
+from shared.bus.connection import Bus
+from shared.errors import MalformedMessageError
+from shared.pb.drasuite.v1 import claim_pb2
+
+__all__ = ["PreparedClaims", "claim_watcher"]
+
+log = structlog.get_logger(__name__)
+
+
+class PreparedClaims:
+    """The node's prepared claims by claim UID, as last seen in the KV."""
+
+    def __init__(self) -> None:
+        self._claims: dict[str, claim_pb2.PreparedClaim] = {}
+
+    def put(self, uid: str, claim: claim_pb2.PreparedClaim) -> None:
+        self._claims[uid] = claim
+
+    def remove(self, uid: str) -> None:
+        self._claims.pop(uid, None)
+
+    def retain(self, uids: Iterable[str]) -> None:
+        keep = set(uids)
+        for uid in [u for u in self._claims if u not in keep]:
+            del self._claims[uid]
+
+    def claims(self) -> list[claim_pb2.PreparedClaim]:
+        """In a stable order (namespace, name), so that attribution is deterministic."""
+        return sorted(self._claims.values(), key=lambda c: (c.namespace, c.name, c.claim_uid))
+
+
+async def claim_watcher(bus: Bus, *, claims: PreparedClaims, driver: str, node: str) -> None:
+    """Eternal: keep `claims` equal to the node's keys in the prepared-claims KV."""
+    keys = bus.names.claim_keys(driver, node)
+    prefix = keys.removesuffix("*")
+    seen: set[str] = set()
+    async for change in kv.watch(bus, bucket=bus.names.claims_bucket, keys=keys):
+        if change.synced:
+            claims.retain(seen)  # the replay before this marker listed every key that exists
+            seen = set()
+            continue
+        uid = change.key.removeprefix(prefix)
+        if change.value is None:
+            claims.remove(uid)
+            continue
+        seen.add(uid)
+        try:
+            claim = codec.decode(claim_pb2.PreparedClaim, change.value, subject=change.key)
+        except MalformedMessageError as exc:
+            log.error("prepared_claim_malformed", key=change.key, error=str(exc))
+            continue
+        named = (claim.driver, claim.node, claim.claim_uid)
+        if named != (driver, node, uid):
+            owner = "/".join(repr(name[:64]) for name in named)
+            log.error("prepared_claim_malformed", key=change.key, error=f"claim of {owner}")
+            continue
+        claims.put(uid, claim)

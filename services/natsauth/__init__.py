@@ -1,0 +1,1 @@
+"""dra-nats-auth: the NATS auth callout that turns ServiceAccount tokens into bus identities."""

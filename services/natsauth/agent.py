@@ -1,0 +1,146 @@
+"""The auth service's wiring: its own NATS user, the kube client, and the callout responder.
+
+Tasks: bus-connector and callout-responder (answers `$SYS.REQ.USER.AUTH`, opening sealed
+requests and sealing answers when an xkey is configured). Requests are answered concurrently
+(at most `MAX_IN_FLIGHT`): after a NATS restart every agent reconnects at once, and one slow
+TokenReview must not hold the others past nats-server's callout timeout. No decision logic
+lives here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import structlog
+from nats.aio.msg import Msg
+
+from services.natsauth import instruments, keys
+from services.natsauth.authorizer import Authorizer, Decision
+from services.natsauth.config import AuthServiceConfig
+from services.natsauth.identity import Policy
+from services.natsauth.tokenreview import KubeTokenReviewer, TokenReviewer
+from shared import opsserver
+from shared.bus.connection import Bus
+from shared.errors import BusUnavailableError
+from shared.kube.client import KubeClient
+from shared.supervisor import eternal
+
+__all__ = ["AUTH_SUBJECT", "AuthService"]
+
+log = structlog.get_logger(__name__)
+AUTH_SUBJECT = "$SYS.REQ.USER.AUTH"
+MAX_IN_FLIGHT = 64
+_SERVER_XKEY_HEADER = "Nats-Server-Xkey"
+
+
+class AuthService:
+    """`shared.supervisor.Agent` for dra-nats-auth; `reviewer` replaces the kube TokenReview."""
+
+    def __init__(self, config: AuthServiceConfig, *, reviewer: TokenReviewer | None = None):
+        self.config = config
+        self.ready = asyncio.Event()
+        self.bus = Bus(config.nats, name="dra-nats-auth")
+        self._reviewer = reviewer
+        self._xkey = config.xkey()
+        self.authorizer: Authorizer
+        self.subscribed = asyncio.Event()
+        self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
+        self._in_flight: set[asyncio.Task[None]] = set()
+
+    async def open(self, resources: contextlib.AsyncExitStack) -> None:
+        reviewer = self._reviewer
+        if reviewer is None:
+            kube = await KubeClient.connect(self.config.kube)
+            resources.push_async_callback(kube.close)
+            reviewer = KubeTokenReviewer(kube)
+        # Closed in reverse: the bus drains (answers in flight still go out), then what is
+        # left is cancelled, then the kube client closes under no review.
+        resources.push_async_callback(self._cancel_in_flight)
+        resources.push_async_callback(self.bus.close)
+        config = self.config
+        self.authorizer = Authorizer(
+            reviewer=reviewer,
+            policy=Policy(
+                agent_namespace=config.agent_namespace,
+                operator_users=frozenset(config.operator_users),
+                operator_groups=frozenset(config.operator_groups),
+            ),
+            drivers=config.driver_name,
+            names=self.bus.names,
+            account=config.target_account,
+            audience=config.audience,
+            issuer=config.issuer(),
+        )
+        await opsserver.open_ops_server(
+            config.ops, resources, ready=self.ready, readiness={"nats": self._subscribed}
+        )
+
+    async def _subscribed(self) -> str | None:
+        return None if self.subscribed.is_set() and self.bus.connected.is_set() else "no nats"
+
+    def spawn(self, tg: asyncio.TaskGroup) -> None:
+        for name, coro in {
+            "bus-connector": self.bus.run(),
+            "callout-responder": self._respond_forever(),
+        }.items():
+            tg.create_task(eternal(name, coro), name=name)
+
+    async def _respond_forever(self) -> None:
+        while True:
+            await self.bus.connected.wait()
+            try:
+                # nats-py subscribes again by itself after a reconnect: once is enough.
+                await self.bus.subscribe(AUTH_SUBJECT, self.handle)
+            except BusUnavailableError:
+                await asyncio.sleep(0.5)
+                continue
+            self.subscribed.set()
+            log.info("nats_auth_serving", subject=AUTH_SUBJECT)
+            await asyncio.Event().wait()
+
+    async def handle(self, msg: Msg) -> None:
+        """nats-py calls this once per request, in order: hand it to a task and return."""
+        await self._slots.acquire()
+        task = asyncio.create_task(self.answer(msg), name="callout-request")
+        self._in_flight.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._in_flight.discard(task)
+        self._slots.release()
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("nats_auth_request_failed", error=repr(exc))
+
+    async def _cancel_in_flight(self) -> None:
+        for task in list(self._in_flight):
+            task.cancel()
+        await asyncio.gather(*self._in_flight, return_exceptions=True)
+
+    async def answer(self, msg: Msg) -> None:
+        server_xkey = (msg.headers or {}).get(_SERVER_XKEY_HEADER, "")
+        try:
+            request = self._open(msg.data, server_xkey)
+        except keys.SealError as exc:
+            instruments.DECISIONS.add(1, {"outcome": "refused", "reason": "bad_request"})
+            log.warning("nats_auth_request_unreadable", error=str(exc), security=True)
+            return  # nothing we could answer that the server would trust
+        decision = await self.authorizer.authorize(request)
+        outcome = "allowed" if decision.allowed else "refused"
+        instruments.DECISIONS.add(1, {"outcome": outcome, "reason": decision.reason,
+                                      "role": decision.role})  # fmt: skip
+        if decision.response:
+            await msg.respond(self._seal(decision, server_xkey))
+
+    def _open(self, data: bytes, server_xkey: str) -> str:
+        if self._xkey is None:
+            return data.decode("utf-8", errors="replace")
+        if not server_xkey:
+            raise keys.SealError("the server did not seal its request (is xkey in its config?)")
+        return keys.open_sealed(data, key=self._xkey, sender=server_xkey).decode()
+
+    def _seal(self, decision: Decision, server_xkey: str) -> bytes:
+        body = decision.response.encode()
+        if self._xkey is None:
+            return body
+        return keys.seal(body, key=self._xkey, recipient=server_xkey)

@@ -1,0 +1,117 @@
+"""AuthServiceConfig: what the NATS auth callout service is told at start, checked before any I/O.
+
+The shared groups (NATS connection of the service's own user, kube client, logs, ops port)
+plus who may connect as what. The issuer seed signs every user JWT; the xkey seed, when set,
+opens the server's sealed requests and seals our answers. Invalid values raise ConfigError.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import nkeys  # type: ignore[import-untyped]  # ships no type hints
+
+from services.natsauth.keys import NKeyError, SigningKey, XKey
+from shared.bus import auth
+from shared.config import KubeSettings, LogSettings, NATSSettings, OpsSettings, setting
+from shared.errors import ConfigError
+
+__all__ = ["AuthServiceConfig"]
+
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_ACCOUNT = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AuthServiceConfig:
+    nats: NATSSettings = field(default_factory=NATSSettings)
+    kube: KubeSettings = field(default_factory=KubeSettings)
+    log: LogSettings = field(default_factory=LogSettings)
+    ops: OpsSettings = field(default_factory=OpsSettings)
+
+    issuer_seed_file: str = setting(
+        "", flag="--issuer-seed-file", help="Issuer account nkey seed (SA...) that signs user JWTs."
+    )
+    """The `issuer` of nats-server's auth_callout block is this seed's public key."""
+
+    xkey_seed_file: str = setting(
+        "", flag="--xkey-seed-file", help="Curve xkey seed (SX...) for sealed callout requests."
+    )
+    """Empty: the server sends requests in the clear (give `xkey` in its config to seal them)."""
+
+    audience: str = setting(
+        "nats.dra-suite.io", flag="--audience", help="Audience the clients' tokens must carry."
+    )
+    """Projected ServiceAccount tokens for NATS are minted for this audience only."""
+
+    target_account: str = setting(
+        "DRA", flag="--target-account", help="NATS account the admitted clients are placed in."
+    )
+    """The config-mode account holding the buckets and the alert stream."""
+
+    agent_namespace: str = setting(
+        "dra-suite", flag="--agent-namespace", help="Namespace of the agents' ServiceAccounts."
+    )
+    """Only dra-discovery/dra-allocation/dra-health of this namespace are node agents."""
+
+    operator_users: tuple[str, ...] = setting(
+        (), flag="--operator-users", help="Comma list of Kubernetes users who are operators."
+    )
+    """Users (as TokenReview names them) admitted with the operator role."""
+
+    operator_groups: tuple[str, ...] = setting(
+        ("dra-suite:operators",),
+        flag="--operator-groups",
+        help="Comma list of Kubernetes groups whose members are operators.",
+    )
+    """Groups whose members are admitted with the operator role."""
+
+    driver_name: tuple[str, ...] = setting(
+        ("sim.dra-suite.io",), flag="--driver-name", help="Comma list of drivers agents act for."
+    )
+    """A node agent is granted its node's subjects under each of these drivers."""
+
+    def __post_init__(self) -> None:
+        if not self.issuer_seed_file:
+            raise ConfigError("--issuer-seed-file is required", field="issuer_seed_file")
+        self.issuer()
+        if self.xkey_seed_file:
+            self.xkey()
+        if not self.audience:
+            raise ConfigError("--audience must not be empty", field="audience")
+        if not _ACCOUNT.match(self.target_account):
+            raise ConfigError(
+                f"target account {self.target_account!r} is not an account name",
+                field="target_account",
+            )
+        if not _DNS_SUBDOMAIN.match(self.agent_namespace):
+            raise ConfigError("--agent-namespace is not a namespace name", field="agent_namespace")
+        if not self.driver_name:
+            raise ConfigError("--driver-name needs at least one driver", field="driver_name")
+        for driver in self.driver_name:
+            if not _DNS_SUBDOMAIN.match(driver):
+                raise ConfigError(f"driver name {driver!r} is not a DNS name", field="driver_name")
+
+    def issuer(self) -> SigningKey:
+        """The issuer account key, read from its file now (a rotated Secret needs a restart)."""
+        seed = auth.read_secret(self.issuer_seed_file, what="issuer seed file")
+        try:
+            return SigningKey.from_seed(seed, nkeys.PREFIX_BYTE_ACCOUNT)
+        except NKeyError as exc:
+            raise ConfigError(
+                f"issuer seed file {self.issuer_seed_file}: not an account seed (SA...): {exc}",
+                field="issuer_seed_file",
+            ) from None
+
+    def xkey(self) -> XKey | None:
+        if not self.xkey_seed_file:
+            return None
+        seed = auth.read_secret(self.xkey_seed_file, what="xkey seed file")
+        try:
+            return XKey.from_seed(seed)
+        except NKeyError as exc:
+            raise ConfigError(
+                f"xkey seed file {self.xkey_seed_file}: not a curve seed (SX...): {exc}",
+                field="xkey_seed_file",
+            ) from None

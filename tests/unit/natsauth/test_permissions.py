@@ -1,0 +1,103 @@
+"""What each bus identity is granted: its own node's subjects, the calls its agent makes."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.natsauth import permissions
+from services.natsauth.identity import Identity
+from shared.bus.subjects import Names
+
+DRIVER = "sim.dra-suite.io"
+N = Names("")
+
+
+def grants(role: str, node: str = "node-a", names: Names = N) -> permissions.Permissions:
+    return permissions.for_identity(Identity(role=role, node=node), drivers=[DRIVER], names=names)
+
+
+def inventory(node: str) -> str:
+    return N.inventory_key(DRIVER, node)
+
+
+def health(node: str) -> str:
+    return N.health_keys(DRIVER, node)
+
+
+OWN_CALLS = {
+    "discovery puts its inventory": (
+        "discovery",
+        N.kv_subject(N.inventory_bucket, inventory("node-a")),
+    ),
+    "discovery reads its inventory": (
+        "discovery",
+        N.js_direct_get(N.inventory_bucket, inventory("node-a")),
+    ),
+    "discovery watches its health": (
+        "discovery",
+        N.js_consumer_create(N.health_bucket, health("node-a")),
+    ),
+    "allocation watches its inventory": (
+        "allocation",
+        N.js_consumer_create(N.inventory_bucket, inventory("node-a")),
+    ),
+    "allocation writes its claims": (
+        "allocation",
+        N.kv_subject(N.claims_bucket, N.claim_keys(DRIVER, "node-a")),
+    ),
+    "health writes its records": ("health", N.kv_subject(N.health_bucket, health("node-a"))),
+    "health publishes its alerts": ("health", N.alerts(DRIVER, "node-a")),
+    "health creates the alert stream": ("health", N.js_stream_create(N.alerts_stream)),
+    "health reads its claims": (
+        "health",
+        N.js_consumer_create(N.claims_bucket, N.claim_keys(DRIVER, "node-a")),
+    ),
+    "the operator injects faults anywhere": ("operator", N.control_wildcard),
+}
+
+
+@pytest.mark.parametrize(("role", "subject"), OWN_CALLS.values(), ids=OWN_CALLS)
+def test_an_agent_may_make_its_own_calls(role: str, subject: str):
+    assert subject in grants(role).publish
+
+
+def test_no_node_agent_is_granted_anything_of_another_node():
+    for role in ("discovery", "allocation", "health"):
+        granted = grants(role)
+        subjects = [*granted.publish, *granted.subscribe]
+        assert not [s for s in subjects if "node-b" in s], role
+        assert not [s for s in subjects if s.endswith(">") and "node-a" not in s], role
+
+
+@pytest.mark.parametrize("role", ["discovery", "allocation", "health", "operator"])
+def test_nobody_may_update_delete_or_purge_a_stream(role: str):
+    denied = grants(role).claims()["pub"]["deny"]
+    for api in ("STREAM.UPDATE", "STREAM.DELETE", "STREAM.PURGE", "STREAM.MSG.DELETE"):
+        assert f"$JS.API.{api}.>" in denied
+
+
+def test_every_identity_subscribes_only_to_its_own_inbox_and_control():
+    assert grants("discovery").subscribe == ("_INBOX.discovery.node-a.>",)
+    assert grants("health").subscribe == (
+        "_INBOX.health.node-a.>",
+        N.node_control(DRIVER, "node-a"),
+    )
+    assert grants("operator").subscribe == ("_INBOX.operator.>",)
+
+
+def test_only_the_health_agent_may_answer_requests():
+    assert grants("health").claims()["resp"] == {"max": 1, "ttl": 0}
+    assert "resp" not in grants("allocation").claims()
+
+
+def test_the_bus_namespace_prefixes_every_subject_and_bucket():
+    names = Names("t1")
+    granted = grants("health", names=names)
+    assert "t1._INBOX.health.node-a.>" in granted.subscribe
+    assert names.kv_subject("t1_dra_health", health("node-a")) in granted.publish
+    assert "t1.dra.alerts.sim_dra-suite_io.node-a" in granted.publish
+
+
+def test_dots_in_node_names_stay_within_one_token():
+    granted = grants("discovery", node="gpu-7.rack-2")
+    assert N.kv_subject(N.inventory_bucket, "sim_dra-suite_io.gpu-7_rack-2") in granted.publish
