@@ -34,7 +34,7 @@ import grpc
 
 from bench.stats import percentile
 from services.allocation.config import AllocationConfig
-from services.allocation.dp_agent import DevicePluginAgent
+from services.allocation.deviceplugin.agent import DevicePluginAgent
 from services.devcluster import flow
 from services.devcluster.deviceplugin_kubelet import DevicePluginKubelet
 from services.devcluster.stack import LocalStack, StackConfig

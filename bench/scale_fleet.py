@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.allocation import watchers
-from services.allocation.health_board import HealthBoard
-from services.allocation.inventory_cache import InventoryCache
+from services.allocation.node_view import watchers
+from services.allocation.node_view.health_board import HealthBoard
+from services.allocation.node_view.inventory_cache import InventoryCache
 from services.devcluster.natscluster import NATSCluster
 from services.devcluster.processes import ChildProcess
 from services.discovery.agent import DiscoveryAgent

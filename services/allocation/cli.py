@@ -14,9 +14,9 @@ import socket
 import sys
 from collections.abc import Mapping, Sequence
 
-from services.allocation.agent import AllocationAgent
 from services.allocation.config import AllocationConfig
-from services.allocation.dp_agent import DevicePluginAgent
+from services.allocation.deviceplugin.agent import DevicePluginAgent
+from services.allocation.dra.agent import AllocationAgent
 from shared import logging, metrics, telemetry
 from shared.config import (
     KubeSettings,

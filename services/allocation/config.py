@@ -10,7 +10,7 @@ import dataclasses
 import re
 from pathlib import Path
 
-from services.allocation import dp_resources
+from services.allocation.deviceplugin import resources
 from shared.config import (
     KubeSettings,
     LogSettings,
@@ -147,7 +147,7 @@ class AllocationConfig:
         help="device-plugin front: resource names by device kind or default name, e.g. "
         "npu=huawei.com/Ascend910,gpu=nvidia.com/gpu. Empty: the backend's defaults.",
     )
-    """Parsed by `dp_resources.parse_overrides`; see `device_plugin_overrides`."""
+    """Parsed by `resources.parse_overrides`; see `device_plugin_overrides`."""
     crash_at: str = ""
     """Fault-injection seam for the kill -9 tests, never a flag: `cli` fills it from the env var
     `DRA_SUITE_CRASH_AT` and the preparer exits the process (code 137) at that step."""
@@ -187,7 +187,7 @@ class AllocationConfig:
                 field="kubelet_api",
             )
         try:
-            dp_resources.parse_overrides(self.device_plugin_resources)
+            resources.parse_overrides(self.device_plugin_resources)
         except ValueError as exc:
             raise ConfigError(
                 f"device plugin resources: {exc}", field="device_plugin_resources"
@@ -207,7 +207,7 @@ class AllocationConfig:
     @property
     def device_plugin_overrides(self) -> dict[str, str]:
         """Resource names by device kind or default resource name (device-plugin front)."""
-        return dp_resources.parse_overrides(self.device_plugin_resources)
+        return resources.parse_overrides(self.device_plugin_resources)
 
     @property
     def pool_name(self) -> str:
@@ -252,12 +252,12 @@ class AllocationConfig:
 
     @property
     def mig_partition_state_path(self) -> Path:
-        """The MIG devices this plugin made (`mig_partitions.MigPartitionManager`)."""
+        """The MIG devices this plugin made (`partitions.mig.MigPartitionManager`)."""
         return self.data_dir / "mig-partitions.json"
 
     @property
     def vnpu_partition_state_path(self) -> Path:
-        """The vNPUs this plugin made (`vnpu_partitions.VnpuPartitionManager`)."""
+        """The vNPUs this plugin made (`partitions.vnpu.VnpuPartitionManager`)."""
         return self.data_dir / "vnpu-partitions.json"
 
     @property

@@ -76,7 +76,7 @@ class FakeVnpuNpuSmi:
     async def __call__(self, argv: Sequence[str], *, timeout_s: float) -> str:
         """A command runner: stdout, or NpuSmiError as the real runner raises it. `crash_after`
         raises `Crash` instead: the caller's process "dies" once npu-smi did its work."""
-        from services.allocation.vnpu_npusmi import NpuSmiError
+        from services.allocation.partitions.vnpu_npusmi import NpuSmiError
 
         status, output = self.answer(list(argv[1:]))
         if status == _CRASH_STATUS:

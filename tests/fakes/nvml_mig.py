@@ -1,4 +1,4 @@
-"""A fake of the MIG partition manager's NVML seam (`services/allocation/mig_nvml.py`).
+"""A fake of the MIG partition manager's NVML seam (`services/allocation/partitions/mig_nvml.py`).
 
 GPUs, GI profiles and placements are those of `tests/fakes/nvml.py` (HARDWARE.md 1.1/1.2).
 GPU instances take memory slices as NVML does: a placement that overlaps a GI, or a profile
@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.allocation.mig_nvml import (
+from services.allocation.partitions.mig_nvml import (
     ERROR_IN_USE,
     ERROR_INSUFFICIENT_RESOURCES,
     ComputeInstanceProfile,

@@ -25,7 +25,7 @@ import nats.errors
 import yaml
 from nats.js import api
 
-from services.allocation import cdi
+from services.allocation.cdi import spec_files
 from services.allocation.cli import CRASH_AT_ENV
 from services.devcluster import flow
 from services.devcluster.kubelet import KubeletClaim, KubeletEmulator, KubeletError
@@ -218,7 +218,7 @@ class ReliabilityNode:
         """One checkpoint record and one CDI spec per prepared claim, nothing else on disk."""
         uids = sorted(c.uid for c in claims)
         assert self.checkpoint_files() == sorted(f"{uid}.json" for uid in uids)
-        assert self.cdi_files() == sorted(cdi.spec_file_name(DRIVER, uid) for uid in uids)
+        assert self.cdi_files() == sorted(spec_files.spec_file_name(DRIVER, uid) for uid in uids)
 
     # --- dynamic partitions ----------------------------------------------------------------
 

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from services.allocation import cdi
-from services.allocation.checkpoint import CheckpointStore, ClaimState
+from services.allocation.cdi import spec_files
+from services.allocation.dra.checkpoint import CheckpointStore, ClaimState
 from services.devcluster.kubelet import KubeletClaim
 from services.devcluster.stack import AGENTS
 from tests.reliability.harness import DRIVER, ReliabilityNode
@@ -46,7 +46,7 @@ def kill_plan(rng: random.Random) -> dict[int, tuple[str, float]]:
 
 
 def _expected_ids(claim: KubeletClaim, device: str) -> list[str]:
-    return [cdi.device_id(DRIVER, cdi.device_name(claim.uid, device))]
+    return [spec_files.device_id(DRIVER, spec_files.device_name(claim.uid, device))]
 
 
 async def _kill_and_restart(node: ReliabilityNode, agent: str, delay_s: float) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.allocation import cdi
+from services.allocation.cdi import spec_files
 from services.devcluster.kubelet import KubeletClaim
 from shared.pb.kubelet.dra.v1 import api_pb2 as dra
 from tests.reliability.disk_faults import DiskFull, NotADirectory
@@ -29,7 +29,7 @@ def _cdi_ids(answer: dra.NodePrepareResourceResponse) -> list[list[str]]:
 
 
 def _want_ids(claim: KubeletClaim, device: str) -> list[list[str]]:
-    return [[cdi.device_id(DRIVER, cdi.device_name(claim.uid, device))]]
+    return [[spec_files.device_id(DRIVER, spec_files.device_name(claim.uid, device))]]
 
 
 @pytest.mark.parametrize("fault_type", FAULTS.values(), ids=FAULTS.keys())
@@ -57,7 +57,7 @@ async def test_an_unwritable_checkpoint_fails_the_claim_cleanly_and_recovers(
         assert "checkpoint" in error
         assert fault.os_error in error
         # Nothing half-written: no spec, record or temporary file of the failed claim.
-        assert node.cdi_files() == [cdi.spec_file_name(DRIVER, before.uid)]
+        assert node.cdi_files() == [spec_files.spec_file_name(DRIVER, before.uid)]
         assert fault.stored() == [f"{before.uid}.json"]
 
         fault.remove()

@@ -31,8 +31,8 @@ from typing import Any
 
 import pytest
 
-from services.allocation import cdi
-from services.allocation.checkpoint import CheckpointStore, ClaimState
+from services.allocation.cdi import spec_files
+from services.allocation.dra.checkpoint import CheckpointStore, ClaimState
 from services.devcluster.kubelet import KubeletClaim
 from services.devcluster.processes import ChildProcess
 from tests.reliability.harness import DRIVER, ReliabilityNode, partition_config, until
@@ -134,7 +134,7 @@ async def sampling(node: ReliabilityNode) -> AsyncIterator[PartitionSampler]:
 
 
 def _expected_ids(claim: KubeletClaim, devices: Sequence[str]) -> list[list[str]]:
-    return [[cdi.device_id(DRIVER, cdi.device_name(claim.uid, d))] for d in devices]
+    return [[spec_files.device_id(DRIVER, spec_files.device_name(claim.uid, d))] for d in devices]
 
 
 def _partitions_by_claim(node: ReliabilityNode) -> dict[str, dict[str, Obj]]:
@@ -190,7 +190,9 @@ def _assert_partitions_match(
         assert [(p.device, p.partition_id) for p in record.partitions] == [
             (d, made[d]["id"]) for d in want.devices
         ]
-        spec = json.loads((node.cdi_root / cdi.spec_file_name(DRIVER, claim.uid)).read_text())
+        spec = json.loads(
+            (node.cdi_root / spec_files.spec_file_name(DRIVER, claim.uid)).read_text()
+        )
         joined = ",".join(made[d]["id"] for d in want.devices)
         for device in spec["devices"]:
             assert f"DRA_SUITE_PARTITION_ID={joined}" in device["containerEdits"]["env"]

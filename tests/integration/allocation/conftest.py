@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 
-from services.allocation import cdi
-from services.allocation.agent import AllocationAgent
-from services.allocation.checkpoint import CheckpointStore
+from services.allocation.cdi import spec_files
 from services.allocation.cli import CRASH_AT_ENV
 from services.allocation.config import AllocationConfig
+from services.allocation.dra.agent import AllocationAgent
+from services.allocation.dra.checkpoint import CheckpointStore
 from services.devcluster.apiserver import APIServerEmulator
 from services.devcluster.kubelet import KubeletClaim, KubeletEmulator
 from services.devcluster.processes import ChildProcess
@@ -246,7 +246,7 @@ class PluginNode:
 
     def spec(self, uid: str) -> dict[str, Any] | None:
         """The CDI spec of a claim on disk, or None."""
-        path = self.config.cdi_root / cdi.spec_file_name(DRIVER, uid)
+        path = self.config.cdi_root / spec_files.spec_file_name(DRIVER, uid)
         if not path.exists():
             return None
         spec: dict[str, Any] = json.loads(path.read_text())

@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from services.allocation import dp_allocation
 from services.allocation.config import AllocationConfig
-from services.allocation.dp_agent import DevicePluginAgent
+from services.allocation.deviceplugin import container_devices
+from services.allocation.deviceplugin.agent import DevicePluginAgent
 from services.devcluster.deviceplugin_kubelet import DevicePluginKubelet
 from services.discovery.backends.sim import SimBackend
 from shared.bus import codec
@@ -108,7 +108,7 @@ class DevicePluginNode:
 
     def spec(self) -> dict[str, Any] | None:
         """The static CDI spec on disk."""
-        path = self.config.cdi_root / dp_allocation.spec_file_name(DRIVER)
+        path = self.config.cdi_root / container_devices.spec_file_name(DRIVER)
         if not path.exists():
             return None
         spec: dict[str, Any] = json.loads(path.read_text())

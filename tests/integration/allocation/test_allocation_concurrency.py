@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from services.allocation.checkpoint import ClaimState
+from services.allocation.dra.checkpoint import ClaimState
 
 pytestmark = pytest.mark.integration
 

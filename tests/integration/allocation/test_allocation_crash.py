@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from services.allocation import cdi
-from services.allocation.checkpoint import ClaimState
+from services.allocation.cdi import spec_files
 from services.allocation.config import CRASH_STEPS
+from services.allocation.dra.checkpoint import ClaimState
 from services.devcluster.kubelet import KubeletClaim, KubeletEmulator, KubeletError
 from services.devcluster.processes import ChildProcess
 
@@ -63,12 +63,17 @@ async def _assert_crashed(plugin_node, process: ChildProcess, step: str) -> None
 
 
 def _expected_ids(claim: KubeletClaim, devices: list[str]) -> list[list[str]]:
-    return [[cdi.device_id(DRIVER, cdi.device_name(claim.uid, device))] for device in devices]
+    return [
+        [spec_files.device_id(DRIVER, spec_files.device_name(claim.uid, device))]
+        for device in devices
+    ]
 
 
 def _assert_prepared_once(plugin_node, claims: list[KubeletClaim]) -> None:
     """One spec per claim and one completed record per claim; nothing else on disk."""
-    assert plugin_node.cdi_files() == sorted(cdi.spec_file_name(DRIVER, c.uid) for c in claims)
+    assert plugin_node.cdi_files() == sorted(
+        spec_files.spec_file_name(DRIVER, c.uid) for c in claims
+    )
     assert plugin_node.checkpoint_files() == sorted(f"{c.uid}.json" for c in claims)
     stored = plugin_node.stored()
     assert {r.uid: r.state for r in stored.records()} == {

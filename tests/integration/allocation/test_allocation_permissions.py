@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from services.allocation import cdi
+from services.allocation.cdi import spec_files
 
 pytestmark = pytest.mark.integration
 
@@ -65,7 +65,7 @@ async def test_modes_of_sockets_checkpoint_inventory_and_cdi_specs(plugin_node, 
         assert _mode(config.checkpoint_dir) == 0o700
         for claim in (plain, partitioned):
             assert _mode(config.checkpoint_dir / f"{claim.uid}.json") == 0o600
-            assert _mode(config.cdi_root / cdi.spec_file_name(DRIVER, claim.uid)) == 0o644
+            assert _mode(config.cdi_root / spec_files.spec_file_name(DRIVER, claim.uid)) == 0o644
         assert _mode(config.inventory_path) == 0o600
         assert _mode(config.partition_state_path) == 0o600
         assert _mode(config.cdi_root) == 0o755

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.allocation.agent import AllocationAgent
+from services.allocation.dra.agent import AllocationAgent
 from services.devcluster.kubelet import KubeletEmulator, KubeletError
 from shared import metrics
 from shared.config import OpsSettings

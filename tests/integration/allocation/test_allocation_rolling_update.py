@@ -12,7 +12,7 @@ import asyncio
 import grpc
 import pytest
 
-from services.allocation import cdi
+from services.allocation.cdi import spec_files
 from services.devcluster.kubelet import KubeletClaim
 from shared.pb.kubelet.dra.v1 import api_pb2 as dra
 from shared.pb.kubelet.dra.v1 import api_pb2_grpc as dra_grpc
@@ -132,6 +132,6 @@ async def test_a_recreated_claim_in_one_instance_waits_for_the_unprepare_in_the_
         answer = await asyncio.wait_for(waiting, 10)
         assert answer.error == ""
         assert [list(d.cdi_device_ids) for d in answer.devices] == [
-            [cdi.device_id(DRIVER, cdi.device_name(after.uid, "npu-1"))]
+            [spec_files.device_id(DRIVER, spec_files.device_name(after.uid, "npu-1"))]
         ]
         await asyncio.gather(via_old.channel.close(), via_new.channel.close())

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from services.allocation import cdi
+from services.allocation.cdi import spec_files
 from services.devcluster.kubelet import KubeletClaim
 
 pytestmark = pytest.mark.integration
@@ -63,8 +63,8 @@ async def test_a_device_under_two_admin_requests_is_prepared_once_per_request(pl
         ]
         spec = plugin_node.spec(claim.uid)
         assert spec is not None
-        assert cdi.validate(spec) == []
-        spec_ids = {cdi.device_id(DRIVER, device["name"]) for device in spec["devices"]}
+        assert spec_files.validate(spec) == []
+        spec_ids = {spec_files.device_id(DRIVER, device["name"]) for device in spec["devices"]}
         answered = [id_ for d in answer.devices for id_ in d.cdi_device_ids]
         assert len(set(answered)) == 2
         assert set(answered) == spec_ids

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from services.allocation.agent import AllocationAgent
+from services.allocation.dra.agent import AllocationAgent
 from shared.supervisor import run_agent
 
 pytestmark = pytest.mark.integration

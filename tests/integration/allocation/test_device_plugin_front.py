@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from services.allocation.agent import AllocationAgent
-from services.allocation.dp_agent import DevicePluginAgent
+from services.allocation.deviceplugin.agent import DevicePluginAgent
+from services.allocation.dra.agent import AllocationAgent
 from services.devcluster.deviceplugin_kubelet import KubeletDeviceError
 from services.discovery.backends.sim import SimBackend
 from shared.bus.connection import Bus

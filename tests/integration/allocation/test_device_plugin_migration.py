@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from services.allocation.dp_agent import DevicePluginAgent
+from services.allocation.deviceplugin.agent import DevicePluginAgent
 from services.devcluster import scheduler
 from services.discovery import inventory, slices
 from services.discovery.backends.sim import SimBackend

@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from services.allocation import cdi
-from services.allocation.checkpoint import ClaimState
+from services.allocation.cdi import spec_files
+from services.allocation.dra.checkpoint import ClaimState
 from services.devcluster.kubelet import KubeletClaim, KubeletEmulator, KubeletError
 from services.devcluster.processes import ChildProcess
 from services.discovery.backends import sim
@@ -78,7 +78,9 @@ async def test_a_crash_after_the_first_on_demand_partition_neither_leaks_nor_dup
     assert (first["claimUID"], first["device"], first["placement"]) == (claim.uid, "gpu-0", 0)
     assert plugin_node.stored().get(claim.uid).state is ClaimState.PREPARE_STARTED
 
-    expected = [[cdi.device_id(DRIVER, cdi.device_name(claim.uid, d))] for d in OPTIONS]
+    expected = [
+        [spec_files.device_id(DRIVER, spec_files.device_name(claim.uid, d))] for d in OPTIONS
+    ]
     async with _running(plugin_node, plugin_node.process()) as (_, kubelet):
         assert await _prepared(kubelet, claim) == expected
         made = plugin_node.partitions()

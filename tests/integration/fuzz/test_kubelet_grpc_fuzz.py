@@ -29,9 +29,9 @@ from google.protobuf.message import DecodeError
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.allocation import cdi
-from services.allocation.agent import AllocationAgent
-from services.allocation.checkpoint import safe_uid
+from services.allocation.cdi import spec_files
+from services.allocation.dra.agent import AllocationAgent
+from services.allocation.dra.checkpoint import safe_uid
 from services.devcluster.kubelet import KubeletEmulator
 from shared.pb.kubelet.dra.v1 import api_pb2 as v1
 from shared.pb.kubelet.dra.v1 import api_pb2_grpc as v1_grpc
@@ -478,7 +478,7 @@ class Served:
     def expect_left(self, uids: set[str], with_specs: set[str]) -> None:
         assert self.left_behind() == (
             sorted(f"{uid}.json" for uid in uids),
-            sorted(cdi.spec_file_name(DRIVER, uid) for uid in with_specs),
+            sorted(spec_files.spec_file_name(DRIVER, uid) for uid in with_specs),
             sorted(uids),
         )
 

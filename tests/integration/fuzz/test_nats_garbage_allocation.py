@@ -16,8 +16,8 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from services.allocation.agent import AllocationAgent
-from services.allocation.health_board import Health
+from services.allocation.dra.agent import AllocationAgent
+from services.allocation.node_view.health_board import Health
 from shared.bus import codec
 from shared.errors import MalformedMessageError
 from shared.pb.drasuite.v1 import alert_pb2, health_pb2, inventory_pb2

@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from services.allocation import health_board
-from services.allocation.health_board import Health, HealthBoard
-from services.allocation.health_stream import snapshots
+from services.allocation.dra.health_stream import snapshots
+from services.allocation.node_view import health_board
+from services.allocation.node_view.health_board import Health, HealthBoard
 from shared.pb.drasuite.v1 import health_pb2
 
 NOW = 1_700_000_000.0

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 import structlog
 
-from services.allocation import batch, echo
-from services.allocation.cdi import CDIWriter
-from services.allocation.checkpoint import CheckpointStore
-from services.allocation.claims import ClaimReader, ClaimRef
-from services.allocation.preparer import ClaimPreparer
+from services.allocation.cdi.spec_files import CDIWriter
+from services.allocation.dra import batch, echo
+from services.allocation.dra.checkpoint import CheckpointStore
+from services.allocation.dra.claims import ClaimReader, ClaimRef
+from services.allocation.dra.preparer import ClaimPreparer
 from shared.errors import ClaimError, KubeNotFoundError, KubeTransientError
 from shared.kube.resources import ResourceType
 from shared.pb.kubelet.dra.v1 import api_pb2 as v1

@@ -7,19 +7,19 @@ from typing import Any
 
 import pytest
 
-from services.allocation import cdi
-from services.allocation.cdi import CDIDevice, CDIWriter
+from services.allocation.cdi import spec_files
+from services.allocation.cdi.spec_files import CDIDevice, CDIWriter
 
 DRIVER = "sim.dra-suite.io"
 UID = "3f1b2c4d-0000-4000-8000-00000000abcd"
 
 
 def test_names_follow_the_transient_spec_convention():
-    assert cdi.kind(DRIVER) == "k8s.sim.dra-suite.io/claim"
-    assert cdi.spec_file_name(DRIVER, UID) == f"k8s.sim.dra-suite.io-claim_{UID}.json"
-    assert cdi.device_name(UID, "npu-0") == f"{UID}-npu-0"
-    assert cdi.device_name(UID, "gpu-1", "s1") == f"{UID}-gpu-1-s1"
-    assert cdi.device_id(DRIVER, f"{UID}-npu-0") == f"k8s.sim.dra-suite.io/claim={UID}-npu-0"
+    assert spec_files.kind(DRIVER) == "k8s.sim.dra-suite.io/claim"
+    assert spec_files.spec_file_name(DRIVER, UID) == f"k8s.sim.dra-suite.io-claim_{UID}.json"
+    assert spec_files.device_name(UID, "npu-0") == f"{UID}-npu-0"
+    assert spec_files.device_name(UID, "gpu-1", "s1") == f"{UID}-gpu-1-s1"
+    assert spec_files.device_id(DRIVER, f"{UID}-npu-0") == f"k8s.sim.dra-suite.io/claim={UID}-npu-0"
 
 
 @pytest.mark.parametrize(
@@ -33,15 +33,15 @@ def test_names_follow_the_transient_spec_convention():
     ids=["plain", "same-host-path", "host-path", "name-starts-with-digit"],
 )
 def test_cdi_version_is_the_minimum_the_fields_need(name, nodes, version):
-    spec = cdi.build_spec(
+    spec = spec_files.build_spec(
         driver=DRIVER, devices=[CDIDevice(name=name, env={"A": "1"}, device_nodes=nodes)]
     )
     assert spec["cdiVersion"] == version
-    assert cdi.validate(spec) == []
+    assert spec_files.validate(spec) == []
 
 
 def test_built_spec_has_device_nodes_and_sorted_env():
-    spec = cdi.build_spec(
+    spec = spec_files.build_spec(
         driver=DRIVER,
         devices=[
             CDIDevice(
@@ -113,7 +113,7 @@ def _spec(**changes: Any) -> dict[str, Any]:
     ],
 )
 def test_validate_reports_what_a_cdi_loader_rejects(spec, problem):
-    assert any(problem in p for p in cdi.validate(spec)), cdi.validate(spec)
+    assert any(problem in p for p in spec_files.validate(spec)), spec_files.validate(spec)
 
 
 async def test_writer_writes_lists_and_removes_specs(tmp_path):
@@ -121,7 +121,7 @@ async def test_writer_writes_lists_and_removes_specs(tmp_path):
     writer.prepare_root()
     spec = _spec()
     await writer.write(UID, spec)
-    path = tmp_path / cdi.spec_file_name(DRIVER, UID)
+    path = tmp_path / spec_files.spec_file_name(DRIVER, UID)
     assert json.loads(path.read_text()) == spec
     assert path.stat().st_mode & 0o777 == 0o644
     assert writer.claim_uids() == [UID]
@@ -132,7 +132,7 @@ async def test_writer_writes_lists_and_removes_specs(tmp_path):
 
 
 async def test_writer_ignores_specs_of_other_drivers(tmp_path):
-    (tmp_path / cdi.spec_file_name("other.example.com", UID)).write_text("{}")
+    (tmp_path / spec_files.spec_file_name("other.example.com", UID)).write_text("{}")
     assert CDIWriter(tmp_path, driver=DRIVER).claim_uids() == []
 
 

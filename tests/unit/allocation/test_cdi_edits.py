@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from services.allocation import cdi
-from services.allocation.cdi_edits import DeviceUse, claim_edits
-from services.allocation.cdi_schema_check import schema_problems
-from services.allocation.opaque import DeviceConfig, Strategy
+from services.allocation.cdi import spec_files
+from services.allocation.cdi.edits import DeviceUse, claim_edits
+from services.allocation.cdi.schema_check import schema_problems
+from services.allocation.dra.opaque import DeviceConfig, Strategy
 from services.allocation.partitions import Partition
 from shared.errors import ClaimError
 from shared.pb.drasuite.v1 import inventory_pb2
@@ -97,9 +97,11 @@ def _spec(
     backend: str, *uses: DeviceUse, configs: dict[str, DeviceConfig] | None = None
 ) -> dict[str, Any]:
     edits = claim_edits(backend=backend, claim_uid=UID, uses=uses, configs=configs or {})
-    spec = cdi.build_spec(driver=DRIVER, devices=edits.devices, common_nodes=edits.common_nodes)
+    spec = spec_files.build_spec(
+        driver=DRIVER, devices=edits.devices, common_nodes=edits.common_nodes
+    )
     assert schema_problems(spec) == []
-    assert cdi.validate(spec) == []
+    assert spec_files.validate(spec) == []
     return spec
 
 
@@ -289,7 +291,7 @@ def test_one_share_puts_its_consumed_capacity_into_the_container():
     )
     [name] = _names(spec)
     assert name.startswith(f"{UID}-gpu-0-0f5a9d1e")
-    assert len(name) <= cdi.MAX_NAME
+    assert len(name) <= spec_files.MAX_NAME
     env = _env(spec)
     assert env["DRA_SUITE_CONSUMED_MEMORY"] == str(10 * 2**30)
     assert env["DRA_SUITE_CONSUMED_EXAMPLE_COM_SLOTS"] == "2"
@@ -304,7 +306,7 @@ def test_two_shares_of_one_device_in_one_claim_get_distinct_names_and_add_up():
     )
     first, second = _names(spec)
     assert first != second
-    assert all(len(name) <= cdi.MAX_NAME for name in (first, second))
+    assert all(len(name) <= spec_files.MAX_NAME for name in (first, second))
     for index in (0, 1):
         env = _env(spec, index)
         assert env["NVIDIA_VISIBLE_DEVICES"] == GPU_UUID
@@ -360,8 +362,8 @@ def test_an_ascend_share_is_carried_by_our_variable_only():
     ],
 )
 def test_device_names_stay_within_63_characters_and_apart(device, share):
-    name = cdi.device_name(UID, device, share)
-    assert len(name) <= cdi.MAX_NAME
+    name = spec_files.device_name(UID, device, share)
+    assert len(name) <= spec_files.MAX_NAME
     assert name.startswith(UID)
-    assert name == cdi.device_name(UID, device, share)
-    assert name != cdi.device_name(UID, device, SHARE_B)
+    assert name == spec_files.device_name(UID, device, share)
+    assert name != spec_files.device_name(UID, device, SHARE_B)

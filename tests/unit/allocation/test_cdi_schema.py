@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from services.allocation import cdi
-from services.allocation.cdi import CDIDevice
-from services.allocation.cdi_schema_check import SCHEMA_DIR, schema_problems
+from services.allocation.cdi import spec_files
+from services.allocation.cdi.schema_check import SCHEMA_DIR, schema_problems
+from services.allocation.cdi.spec_files import CDIDevice
 
 DRIVER = "sim.dra-suite.io"
 
@@ -107,10 +107,10 @@ def test_the_schema_names_what_it_rejects(spec, where):
 
 
 def test_validate_reports_schema_problems_with_its_own():
-    spec = cdi.build_spec(driver=DRIVER, devices=[CDIDevice(name="dev-a", env={"A": "1"})])
+    spec = spec_files.build_spec(driver=DRIVER, devices=[CDIDevice(name="dev-a", env={"A": "1"})])
     spec["devices"][0]["containerEdits"]["color"] = "red"
     spec["devices"].append({"name": "bad_", "containerEdits": {"env": ["B=2"]}})
-    problems = cdi.validate(spec)
+    problems = spec_files.validate(spec)
     assert any("'color' was unexpected" in problem for problem in problems)
     assert "device name 'bad_' is invalid" in problems
 

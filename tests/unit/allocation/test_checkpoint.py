@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from services.allocation import checkpoint
-from services.allocation.checkpoint import (
+from services.allocation.dra import checkpoint
+from services.allocation.dra.checkpoint import (
     CheckpointStore,
     ClaimState,
     PreparedClaim,

@@ -13,11 +13,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from services.allocation import cdi
-from services.allocation.cdi import CDIWriter
-from services.allocation.checkpoint import CheckpointStore, ClaimState
-from services.allocation.claims import ClaimReader, ClaimRef
-from services.allocation.preparer import ClaimPreparer
+from services.allocation.cdi import spec_files
+from services.allocation.cdi.spec_files import CDIWriter
+from services.allocation.dra.checkpoint import CheckpointStore, ClaimState
+from services.allocation.dra.claims import ClaimReader, ClaimRef
+from services.allocation.dra.preparer import ClaimPreparer
 from shared.errors import ClaimError
 
 DRIVER = "sim.dra-suite.io"
@@ -106,10 +106,10 @@ async def test_a_restart_without_the_directory_keeps_the_specs_of_prepared_claim
 
     restarted, _ = _preparer(tmp_path, kube_reader, make_inventory("npu-0"))
     await restarted.recover()
-    assert (tmp_path / "cdi" / cdi.spec_file_name(DRIVER, claim.uid)).exists()
+    assert (tmp_path / "cdi" / spec_files.spec_file_name(DRIVER, claim.uid)).exists()
     # The kubelet's unprepare still removes it.
     await restarted.unprepare(claim)
-    assert not (tmp_path / "cdi" / cdi.spec_file_name(DRIVER, claim.uid)).exists()
+    assert not (tmp_path / "cdi" / spec_files.spec_file_name(DRIVER, claim.uid)).exists()
 
 
 async def test_orphan_specs_are_still_removed_when_the_directory_was_there(
@@ -121,7 +121,7 @@ async def test_orphan_specs_are_still_removed_when_the_directory_was_there(
     (checkpoints.directory / f"{claim.uid}.json").unlink()
     restarted, _ = _preparer(tmp_path, kube_reader, make_inventory("npu-0"))
     await restarted.recover()
-    assert not (tmp_path / "cdi" / cdi.spec_file_name(DRIVER, claim.uid)).exists()
+    assert not (tmp_path / "cdi" / spec_files.spec_file_name(DRIVER, claim.uid)).exists()
 
 
 async def test_the_usability_check_makes_a_vanished_directory_and_reports_an_unusable_one(

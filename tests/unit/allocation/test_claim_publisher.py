@@ -4,9 +4,9 @@ tests/integration/allocation/test_prepared_claims.py)."""
 
 from __future__ import annotations
 
-from services.allocation.checkpoint import ClaimState, PreparedClaim, PreparedDevice
-from services.allocation.claim_publisher import to_message
-from services.allocation.claims import PodRef
+from services.allocation.dra.checkpoint import ClaimState, PreparedClaim, PreparedDevice
+from services.allocation.dra.claim_publisher import to_message
+from services.allocation.dra.claims import PodRef
 from shared.pb.drasuite.v1 import claim_pb2
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.allocation import cdi, dp_allocation, dp_resources
-from services.allocation.edit_allowlist import ForbiddenEditError
+from services.allocation.cdi import spec_files
+from services.allocation.cdi.allowlist import ForbiddenEditError
+from services.allocation.deviceplugin import container_devices, resources
 from services.discovery.backends.sim import SimBackend
 from shared.pb.drasuite.v1 import inventory_pb2
 
@@ -82,23 +83,21 @@ def gpu(
     ],
 )
 def test_resource_names_follow_the_vendors_device_plugins(backend, device, expected):
-    assert dp_resources.resource_name(device, backend=backend, driver=SIM, overrides={}) == expected
+    assert resources.resource_name(device, backend=backend, driver=SIM, overrides={}) == expected
 
 
 def test_an_on_demand_placement_is_not_offered():
     device = gpu(1, kind="mig", uuid="MIG-1", profile="1g.10gb")
     device.attributes["createdOnDemand"].bool = True
-    assert dp_resources.resource_name(device, backend="nvml", driver=SIM, overrides={}) is None
+    assert resources.resource_name(device, backend="nvml", driver=SIM, overrides={}) is None
 
 
 def test_overrides_rename_a_kind_or_a_resource_but_not_a_kinds_partitions():
-    overrides = dp_resources.parse_overrides(
-        "npu=example.com/npu, nvidia.com/gpu=example.com/big-gpu"
-    )
+    overrides = resources.parse_overrides("npu=example.com/npu, nvidia.com/gpu=example.com/big-gpu")
     assert overrides == {"npu": "example.com/npu", "nvidia.com/gpu": "example.com/big-gpu"}
 
     def name(backend: str, device: inventory_pb2.Device) -> str | None:
-        return dp_resources.resource_name(device, backend=backend, driver=SIM, overrides=overrides)
+        return resources.resource_name(device, backend=backend, driver=SIM, overrides=overrides)
 
     assert name("ascend", npu(0)) == "example.com/npu"
     assert name("sim", npu(0)) == "example.com/npu"
@@ -111,13 +110,13 @@ def test_overrides_rename_a_kind_or_a_resource_but_not_a_kinds_partitions():
 )
 def test_bad_overrides_are_refused(text):
     with pytest.raises(ValueError, match="is not <kind or resource>="):
-        dp_resources.parse_overrides(text)
+        resources.parse_overrides(text)
 
 
 async def test_the_mixed_sim_profile_offers_one_resource_per_kind():
     scan = await SimBackend.from_profile("mixed").scan()
     inventory = inventory_pb2.Inventory(driver=SIM, node="n", backend="sim", devices=scan.devices)
-    found = dp_resources.resources(inventory, driver=SIM, overrides={})
+    found = resources.resources(inventory, driver=SIM, overrides={})
     assert {name: [d.name for d in r.devices] for name, r in found.items()} == {
         f"{SIM}/npu": [f"npu-{i}" for i in range(8)],
         f"{SIM}/gpu": [f"gpu-{i}" for i in range(4)],
@@ -128,7 +127,7 @@ async def test_the_mixed_sim_profile_offers_one_resource_per_kind():
 
 
 def test_two_ascend_npus_get_their_nodes_control_nodes_joined_env_and_cdi_names():
-    got = dp_allocation.container_allocation(
+    got = container_devices.container_allocation(
         [npu(0), npu(1)],
         backend="ascend",
         driver="npu.example.com",
@@ -154,7 +153,9 @@ def test_a_forged_device_node_or_variable_never_reaches_the_answer():
     forged.device_nodes.add(path="/dev/sda", host_path="/dev/sda")
     forged.env["LD_PRELOAD"] = "/tmp/evil.so"
     with pytest.raises(ForbiddenEditError) as caught:
-        dp_allocation.container_allocation([forged], backend="sim", driver=SIM, resource="x/npu")
+        container_devices.container_allocation(
+            [forged], backend="sim", driver=SIM, resource="x/npu"
+        )
     kinds = sorted(edit.kind for edit in caught.value.rejected)
     assert kinds == ["device_node", "env_name"]
 
@@ -165,7 +166,7 @@ def test_the_static_spec_names_every_accepted_device_and_refuses_a_forged_one():
     devices = [npu(0), npu(1), forged]
     for device in devices:
         device.device_nodes[0].host_path = "/dev/null"
-    spec, refused = dp_allocation.static_spec(devices, backend="sim", driver=SIM)
+    spec, refused = container_devices.static_spec(devices, backend="sim", driver=SIM)
     assert spec is not None
     assert spec["kind"] == f"k8s.{SIM}/device"
     assert [d["name"] for d in spec["devices"]] == ["npu-0", "npu-1"]
@@ -174,14 +175,14 @@ def test_the_static_spec_names_every_accepted_device_and_refuses_a_forged_one():
     }
     assert list(refused) == ["npu-2"]
     assert "env value" in refused["npu-2"]
-    assert cdi.validate(spec) == []
-    assert dp_allocation.spec_file_name(SIM) == f"k8s.{SIM}-device.json"
+    assert spec_files.validate(spec) == []
+    assert container_devices.spec_file_name(SIM) == f"k8s.{SIM}-device.json"
 
 
 def test_a_static_mig_device_gets_its_parents_node_its_caps_and_its_mig_uuid():
     mig = gpu(1, kind="mig", uuid="MIG-1b2c", profile="1g.10gb")
     mig.device_nodes.add(path="/dev/nvidia-caps/nvidia-cap21")
-    got = dp_allocation.container_allocation(
+    got = container_devices.container_allocation(
         [mig], backend="nvml", driver="gpu.example.com", resource="nvidia.com/mig-1g.10gb"
     )
     assert got.envs["NVIDIA_VISIBLE_DEVICES"] == "MIG-1b2c"
@@ -195,7 +196,7 @@ def test_a_static_mig_device_gets_its_parents_node_its_caps_and_its_mig_uuid():
 
 
 def test_a_static_vnpu_is_its_vdavinci_node_seen_as_davinci_and_runs_virtual():
-    got = dp_allocation.container_allocation(
+    got = container_devices.container_allocation(
         [npu(100, "310Pvir02")],
         backend="ascend",
         driver="npu.example.com",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.allocation import dra_service
+from services.allocation.dra import service
 from shared.pb.kubelet.dra.v1 import api_pb2 as v1
 from shared.pb.kubelet.dra.v1beta1 import api_pb2 as v1beta1
 
@@ -14,7 +14,7 @@ def test_prepare_request_converts_every_claim():
             v1beta1.Claim(namespace="ns", name="b", uid="u2"),
         ]
     )
-    assert dra_service.prepare_request_to_v1(request) == v1.NodePrepareResourcesRequest(
+    assert service.prepare_request_to_v1(request) == v1.NodePrepareResourcesRequest(
         claims=[
             v1.Claim(namespace="ns", name="a", uid="u1"),
             v1.Claim(namespace="ns", name="b", uid="u2"),
@@ -26,7 +26,7 @@ def test_unprepare_request_converts_every_claim():
     request = v1beta1.NodeUnprepareResourcesRequest(
         claims=[v1beta1.Claim(namespace="ns", name="a", uid="u1")]
     )
-    assert dra_service.unprepare_request_to_v1(request) == v1.NodeUnprepareResourcesRequest(
+    assert service.unprepare_request_to_v1(request) == v1.NodeUnprepareResourcesRequest(
         claims=[v1.Claim(namespace="ns", name="a", uid="u1")]
     )
 
@@ -48,7 +48,7 @@ def test_prepare_response_keeps_devices_and_errors_but_not_share_ids():
             "u2": v1.NodePrepareResourceResponse(error="prepare claim u2: not allocated"),
         }
     )
-    converted = dra_service.prepare_response_to_v1beta1(response)
+    converted = service.prepare_response_to_v1beta1(response)
     assert converted == v1beta1.NodePrepareResourcesResponse(
         claims={
             "u1": v1beta1.NodePrepareResourceResponse(
@@ -76,7 +76,7 @@ def test_unprepare_response_keeps_every_entry():
             "u2": v1.NodeUnprepareResourceResponse(error="x"),
         }
     )
-    converted = dra_service.unprepare_response_to_v1beta1(response)
+    converted = service.unprepare_response_to_v1beta1(response)
     assert dict(converted.claims) == {
         "u1": v1beta1.NodeUnprepareResourceResponse(),
         "u2": v1beta1.NodeUnprepareResourceResponse(error="x"),

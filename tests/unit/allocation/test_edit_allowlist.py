@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
-from services.allocation import cdi, cdi_edits, edit_allowlist, opaque
-from services.allocation.cdi_edits import DeviceUse, claim_edits
-from services.allocation.edit_allowlist import DeviceEdits, ForbiddenEditError
-from services.allocation.opaque import DeviceConfig, Strategy
+from services.allocation.cdi import allowlist, edits, spec_files
+from services.allocation.cdi.allowlist import DeviceEdits, ForbiddenEditError
+from services.allocation.cdi.edits import DeviceUse, claim_edits
+from services.allocation.dra import opaque
+from services.allocation.dra.opaque import DeviceConfig, Strategy
 from services.allocation.partitions import Partition
 from shared.pb.drasuite.v1 import inventory_pb2
 
@@ -245,13 +246,13 @@ def test_the_drivers_own_variables_pass_on_every_backend():
 
 @pytest.mark.parametrize("key", ["mounts", "hooks", "netDevices"])
 def test_a_spec_with_mounts_or_hooks_is_refused(key):
-    spec = cdi.build_spec(
+    spec = spec_files.build_spec(
         driver="sim.dra-suite.io",
-        devices=[cdi.CDIDevice(name=f"{UID}-npu-0", env={"A": "1"})],
+        devices=[spec_files.CDIDevice(name=f"{UID}-npu-0", env={"A": "1"})],
     )
     spec["devices"][0]["containerEdits"][key] = [{"hostPath": "/", "containerPath": "/host"}]
     with pytest.raises(ForbiddenEditError, match=repr(key)):
-        edit_allowlist.check_spec(spec, claim_uid=UID, backend="sim")
+        allowlist.check_spec(spec, claim_uid=UID, backend="sim")
 
 
 def test_an_error_with_many_rejections_stays_short():
@@ -269,19 +270,19 @@ def test_the_pure_check_names_each_device_it_refuses():
         DeviceEdits(device="npu-1", nodes=[("/dev/mem", "/dev/null")], env={"PATH": "/x"}),
     ]
     with pytest.raises(ForbiddenEditError) as caught:
-        edit_allowlist.check(backend="sim", claim_uid=UID, devices=devices)
+        allowlist.check(backend="sim", claim_uid=UID, devices=devices)
     assert {r.device for r in caught.value.rejected} == {"npu-1"}
 
 
 @pytest.mark.parametrize("backend", ["sim", "ascend", "nvml"])
 def test_every_variable_the_driver_itself_sets_is_allowed(backend):
-    rules = edit_allowlist.rules_for(backend)
+    rules = allowlist.rules_for(backend)
     own = [
-        cdi_edits.CLAIM_UID_ENV,
-        cdi_edits.DEVICES_ENV,
-        cdi_edits.PARTITION_ID_ENV,
-        cdi_edits.PARTITION_PROFILE_ENV,
-        cdi_edits.consumed_env_name("example.com/slots"),
+        edits.CLAIM_UID_ENV,
+        edits.DEVICES_ENV,
+        edits.PARTITION_ID_ENV,
+        edits.PARTITION_PROFILE_ENV,
+        edits.consumed_env_name("example.com/slots"),
         opaque.STRATEGY_ENV,
         opaque.TIMESLICE_INTERVAL_ENV,
         opaque.COMPUTE_PERCENT_ENV,

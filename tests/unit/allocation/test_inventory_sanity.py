@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import structlog
 
-from services.allocation.inventory_cache import InventoryCache
+from services.allocation.node_view.inventory_cache import InventoryCache
 from shared import inventory_sanity as sanity
 from shared import metrics
 from shared.pb.drasuite.v1 import inventory_pb2

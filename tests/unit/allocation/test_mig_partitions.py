@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from services.allocation.mig_nvml import ERROR_IN_USE, Placement
-from services.allocation.mig_partitions import MigPartitionManager
+from services.allocation.partitions.mig import MigPartitionManager
+from services.allocation.partitions.mig_nvml import ERROR_IN_USE, Placement
 from shared.errors import BackendLoadError, ClaimError, InvalidOpaqueConfigError
 from shared.nvml import NVMLCallError
 from shared.pb.drasuite.v1 import inventory_pb2

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from services.allocation.mig_partitions import MigPartitionManager
-from services.allocation.nvidia_caps import CapsNodeError, CapsNodes
+from services.allocation.partitions.mig import MigPartitionManager
+from services.allocation.partitions.nvidia_caps import CapsNodeError, CapsNodes
 from shared.errors import ClaimError
 from shared.pb.drasuite.v1 import inventory_pb2
 from tests.fakes.nvml_mig import FakeMigNVML, cap_minor

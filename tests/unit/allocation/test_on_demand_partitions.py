@@ -14,16 +14,16 @@ from typing import Any
 
 import pytest
 
-from services.allocation import cdi
-from services.allocation.cdi import CDIWriter
-from services.allocation.checkpoint import CheckpointStore, ClaimState, PreparedPartition
-from services.allocation.claims import ClaimReader, ClaimRef
-from services.allocation.mig_nvml import Placement
-from services.allocation.mig_partitions import MigPartitionManager
-from services.allocation.partition_managers import CompositePartitionManager
+from services.allocation.cdi import spec_files
+from services.allocation.cdi.spec_files import CDIWriter
+from services.allocation.dra.checkpoint import CheckpointStore, ClaimState, PreparedPartition
+from services.allocation.dra.claims import ClaimReader, ClaimRef
+from services.allocation.dra.preparer import ClaimPreparer
 from services.allocation.partitions import PartitionManager, on_demand_option
-from services.allocation.preparer import ClaimPreparer
-from services.allocation.sim_partitions import SimPartitionManager
+from services.allocation.partitions.by_backend import CompositePartitionManager
+from services.allocation.partitions.mig import MigPartitionManager
+from services.allocation.partitions.mig_nvml import Placement
+from services.allocation.partitions.sim import SimPartitionManager
 from services.discovery.backends import sim
 from shared.errors import ClaimError, ClaimUIDMismatchError, InvalidOpaqueConfigError
 from shared.pb.drasuite.v1 import inventory_pb2
@@ -48,7 +48,7 @@ class Rig:
     state: Path
 
     def spec(self, uid: str) -> dict[str, Any] | None:
-        path = self.cdi_root / cdi.spec_file_name(DRIVER, uid)
+        path = self.cdi_root / spec_files.spec_file_name(DRIVER, uid)
         return json.loads(path.read_text()) if path.exists() else None
 
     def entries(self) -> list[dict[str, Any]]:
@@ -141,7 +141,7 @@ async def test_an_option_is_made_on_its_parent_at_its_placement_and_given_to_the
 
     spec = rig.spec(ref.uid)
     assert spec is not None
-    assert cdi.validate(spec) == []
+    assert spec_files.validate(spec) == []
     [device] = spec["devices"]
     env = _env(device)
     # The partition's MIG device, never the parent's `NVIDIA_VISIBLE_DEVICES=0`.
@@ -224,7 +224,7 @@ async def test_a_started_record_is_finished_with_the_partition_made_before_the_c
         partitions=(PreparedPartition(device=ONE_G_AT_3, profile="1g.10gb"),),
     )
     await rig.checkpoints.put(started)
-    (rig.cdi_root / cdi.spec_file_name(DRIVER, ref.uid)).unlink()
+    (rig.cdi_root / spec_files.spec_file_name(DRIVER, ref.uid)).unlink()
     partitions = SimPartitionManager(rig.state)
     restarted = _rig(tmp_path, kube_reader, await _gpu_mig_inventory(), partitions=partitions)
     finished = await restarted.preparer.prepare(ref)

@@ -11,16 +11,17 @@ from typing import Any
 
 import pytest
 
-from services.allocation import cdi, partition_managers
-from services.allocation.cdi import CDIWriter
-from services.allocation.checkpoint import CheckpointStore
-from services.allocation.claims import ClaimReader, ClaimRef
+from services.allocation.cdi import spec_files
+from services.allocation.cdi.spec_files import CDIWriter
 from services.allocation.config import AllocationConfig
-from services.allocation.mig_partitions import MigPartitionManager
-from services.allocation.partition_managers import CompositePartitionManager
-from services.allocation.preparer import ClaimPreparer
-from services.allocation.sim_partitions import SimPartitionManager
-from services.allocation.vnpu_partitions import VnpuPartitionManager
+from services.allocation.dra.checkpoint import CheckpointStore
+from services.allocation.dra.claims import ClaimReader, ClaimRef
+from services.allocation.dra.preparer import ClaimPreparer
+from services.allocation.partitions import by_backend
+from services.allocation.partitions.by_backend import CompositePartitionManager
+from services.allocation.partitions.mig import MigPartitionManager
+from services.allocation.partitions.sim import SimPartitionManager
+from services.allocation.partitions.vnpu import VnpuPartitionManager
 from shared.errors import ClaimError, ConfigError
 from shared.pb.drasuite.v1 import inventory_pb2
 from tests.fakes.npusmi_vnpu import FakeVnpuNpuSmi
@@ -77,7 +78,7 @@ class Rig:
     cdi_root: Path
 
     def spec(self, uid: str) -> dict[str, Any] | None:
-        path = self.cdi_root / cdi.spec_file_name(DRIVER, uid)
+        path = self.cdi_root / spec_files.spec_file_name(DRIVER, uid)
         return json.loads(path.read_text()) if path.exists() else None
 
 
@@ -135,7 +136,7 @@ def _claim(kube_reader: Any, make_claim: Any, device: str, profile: str) -> Clai
 
 def _edits(spec: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
     assert spec is not None
-    assert cdi.validate(spec) == []
+    assert spec_files.validate(spec) == []
     [device] = spec["devices"]
     return device["containerEdits"], spec["containerEdits"]
 
@@ -222,7 +223,7 @@ async def test_one_managers_failure_neither_hides_nor_keeps_another_managers_par
 
 def test_the_agent_gets_all_three_managers_over_its_data_dir(tmp_path):
     config = AllocationConfig(node_name=NODE, plugin_data_dir=tmp_path, npu_smi_path="/x/npu-smi")
-    built = partition_managers.build(config, inventory=FakeInventory(None))
+    built = by_backend.build(config, inventory=FakeInventory(None))
     sim, mig, vnpu = built.managers
     assert isinstance(sim, SimPartitionManager)
     assert sim.path == tmp_path / "sim-partitions.json"

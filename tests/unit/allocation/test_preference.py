@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.allocation import preference
-from services.allocation.preference import Placement
+from services.allocation.deviceplugin import preference
+from services.allocation.deviceplugin.preference import Placement
 from shared.pb.drasuite.v1 import inventory_pb2
 
 

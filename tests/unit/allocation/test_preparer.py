@@ -11,17 +11,18 @@ from typing import Any
 
 import pytest
 
-from services.allocation import cdi, preparer
-from services.allocation.cdi import CDIWriter
-from services.allocation.checkpoint import CheckpointStore, ClaimState
-from services.allocation.claims import (
+from services.allocation.cdi import spec_files
+from services.allocation.cdi.spec_files import CDIWriter
+from services.allocation.dra import preparer
+from services.allocation.dra.checkpoint import CheckpointStore, ClaimState
+from services.allocation.dra.claims import (
     AllocatedClaim,
     ClaimReader,
     ClaimRef,
     DeviceResult,
     OpaqueConfig,
 )
-from services.allocation.preparer import ClaimPreparer
+from services.allocation.dra.preparer import ClaimPreparer
 from shared.errors import ClaimError, DeviceNotAllocatableError, InvalidOpaqueConfigError
 from shared.pb.drasuite.v1 import inventory_pb2
 
@@ -50,7 +51,7 @@ class Rig:
 
     def spec(self, uid: str) -> dict[str, Any]:
         spec: dict[str, Any] = json.loads(
-            (self.cdi_root / cdi.spec_file_name(DRIVER, uid)).read_text()
+            (self.cdi_root / spec_files.spec_file_name(DRIVER, uid)).read_text()
         )
         return spec
 
@@ -119,7 +120,7 @@ def test_plan_names_cdi_devices_after_the_claim_uid(make_inventory):
         (("req",), "npu-1", (f"k8s.{DRIVER}/claim={uid}-npu-1",)),
     ]
     assert record.cdi_spec is not None
-    assert cdi.validate(record.cdi_spec) == []
+    assert spec_files.validate(record.cdi_spec) == []
     assert [d["name"] for d in record.cdi_spec["devices"]] == [f"{uid}-npu-0", f"{uid}-npu-1"]
 
 
@@ -267,7 +268,7 @@ async def test_one_bad_claim_fails_alone_in_a_batch(rig, make_claim, bad_claim, 
     assert isinstance(outcomes[bad], ClaimError)
     assert error in str(outcomes[bad])
     assert rig.checkpoints.get(bad) is None
-    assert not (rig.cdi_root / cdi.spec_file_name(DRIVER, bad)).exists()
+    assert not (rig.cdi_root / spec_files.spec_file_name(DRIVER, bad)).exists()
 
 
 async def test_unexpected_errors_fail_the_whole_batch(tmp_path, make_inventory):
@@ -381,8 +382,8 @@ async def test_recover_rewrites_lost_specs_and_removes_orphans(rig, make_claim):
     rig.kube.put(make_claim(uid=uid))
     await rig.preparer.prepare(_ref(uid))
     spec = rig.spec(uid)
-    (rig.cdi_root / cdi.spec_file_name(DRIVER, uid)).unlink()
-    (rig.cdi_root / cdi.spec_file_name(DRIVER, orphan)).write_text("{}")
+    (rig.cdi_root / spec_files.spec_file_name(DRIVER, uid)).unlink()
+    (rig.cdi_root / spec_files.spec_file_name(DRIVER, orphan)).write_text("{}")
     again = rig.restarted()
     await again.preparer.recover()
     assert again.spec(uid) == spec

@@ -13,13 +13,13 @@ from typing import Any, cast
 import grpc
 import pytest
 
-from services.allocation import cdi
-from services.allocation.cdi import CDIWriter
-from services.allocation.checkpoint import CheckpointStore, ClaimState
-from services.allocation.claims import ClaimReader, ClaimRef
-from services.allocation.dra_service import DRAService
-from services.allocation.preparer import ClaimPreparer
-from services.allocation.sim_partitions import SimPartitionManager
+from services.allocation.cdi import spec_files
+from services.allocation.cdi.spec_files import CDIWriter
+from services.allocation.dra.checkpoint import CheckpointStore, ClaimState
+from services.allocation.dra.claims import ClaimReader, ClaimRef
+from services.allocation.dra.preparer import ClaimPreparer
+from services.allocation.dra.service import DRAService
+from services.allocation.partitions.sim import SimPartitionManager
 from shared.errors import ClaimError, InvalidOpaqueConfigError
 from shared.pb.drasuite.v1 import inventory_pb2
 from shared.pb.kubelet.dra.v1 import api_pb2 as v1
@@ -42,7 +42,7 @@ class Rig:
     cdi_root: Path
 
     def spec(self, uid: str) -> dict[str, Any] | None:
-        path = self.cdi_root / cdi.spec_file_name(DRIVER, uid)
+        path = self.cdi_root / spec_files.spec_file_name(DRIVER, uid)
         return json.loads(path.read_text()) if path.exists() else None
 
 
@@ -96,7 +96,7 @@ async def test_a_partitioned_claim_gets_one_partition_per_device_named_in_its_sp
     assert [p.partition_id for p in record.partitions] == [p.id for p in made]
     spec = rig.spec(uid)
     assert spec is not None
-    assert cdi.validate(spec) == []
+    assert spec_files.validate(spec) == []
     for device, partition in zip(spec["devices"], made, strict=True):
         assert device["containerEdits"]["deviceNodes"] == [
             {"path": f"/dev/davinci{partition.id}", "hostPath": "/dev/null"}
@@ -128,7 +128,7 @@ async def test_a_started_record_whose_partitions_are_made_is_finished_without_ne
     # As if killed after the partition was made: the record is back to PrepareStarted, no spec.
     started = dataclasses.replace(record, state=ClaimState.PREPARE_STARTED, cdi_spec=None)
     await rig.checkpoints.put(started)
-    (rig.cdi_root / cdi.spec_file_name(DRIVER, uid)).unlink()
+    (rig.cdi_root / spec_files.spec_file_name(DRIVER, uid)).unlink()
     restarted = _rig(tmp_path, kube_reader, make_inventory("npu-0", "npu-1", "npu-2"))
     finished = await restarted.preparer.prepare(_ref(uid))
     assert finished.devices == record.devices
@@ -202,7 +202,9 @@ async def test_the_share_id_reaches_the_kubelet_and_names_the_cdi_device(
     whole, shared = response.claims[uid].devices
     assert not whole.HasField("share_id")
     assert shared.share_id == SHARE
-    assert shared.cdi_device_ids == [cdi.device_id(DRIVER, cdi.device_name(uid, "npu-1", SHARE))]
+    assert shared.cdi_device_ids == [
+        spec_files.device_id(DRIVER, spec_files.device_name(uid, "npu-1", SHARE))
+    ]
     spec = rig.spec(uid)
     assert spec is not None
     assert (

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import uuid
 
-from services.allocation import cdi, preparer
-from services.allocation.claims import AllocatedClaim, ClaimRef, DeviceResult
+from services.allocation.cdi import spec_files
+from services.allocation.dra import preparer
+from services.allocation.dra.claims import AllocatedClaim, ClaimRef, DeviceResult
 
 DRIVER = "sim.dra-suite.io"
 NODE = "node-a"
@@ -34,17 +35,17 @@ def test_one_device_under_two_requests_gets_a_valid_spec_and_an_answer_per_reque
         driver=DRIVER,
     )
     assert record.cdi_spec is not None
-    assert cdi.validate(record.cdi_spec) == []
+    assert spec_files.validate(record.cdi_spec) == []
     names = [device["name"] for device in record.cdi_spec["devices"]]
     assert len(set(names)) == 3
     answered = [(d.request_names, d.device, d.cdi_device_ids) for d in record.devices]
     assert answered == [
-        (("monitor",), "npu-0", (cdi.device_id(DRIVER, names[0]),)),
-        (("debug",), "npu-0", (cdi.device_id(DRIVER, names[1]),)),
-        (("debug",), "npu-1", (cdi.device_id(DRIVER, names[2]),)),
+        (("monitor",), "npu-0", (spec_files.device_id(DRIVER, names[0]),)),
+        (("debug",), "npu-0", (spec_files.device_id(DRIVER, names[1]),)),
+        (("debug",), "npu-1", (spec_files.device_id(DRIVER, names[2]),)),
     ]
     # A device under one request only keeps its usual name.
-    assert names[2] == cdi.device_name(uid, "npu-1")
+    assert names[2] == spec_files.device_name(uid, "npu-1")
     envs = [device["containerEdits"]["env"] for device in record.cdi_spec["devices"]]
     assert "DRA_SUITE_DEVICES=npu-0" in envs[0]
     assert "DRA_SUITE_DEVICES=npu-0,npu-1" in envs[1]
@@ -53,9 +54,9 @@ def test_one_device_under_two_requests_gets_a_valid_spec_and_an_answer_per_reque
 def test_the_names_of_a_device_under_two_requests_are_stable_and_fit_cdi():
     uid = str(uuid.uuid4())
     uses = [("a" * 63, "npu-0", None), ("b", "npu-0", None), ("b", "gpu-0", "share-1")]
-    first = cdi.device_names(uid, uses)
-    assert first == cdi.device_names(uid, uses)
+    first = spec_files.device_names(uid, uses)
+    assert first == spec_files.device_names(uid, uses)
     assert len(set(first)) == 3
-    assert all(len(name) <= cdi.MAX_NAME for name in first)
+    assert all(len(name) <= spec_files.MAX_NAME for name in first)
     assert first[1] == f"{uid}-npu-0-b"
-    assert first[2] == cdi.device_name(uid, "gpu-0", "share-1")
+    assert first[2] == spec_files.device_name(uid, "gpu-0", "share-1")

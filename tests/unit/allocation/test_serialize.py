@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from services.allocation.serialize import InstanceLock
+from services.allocation.dra.serialize import InstanceLock
 
 
 async def test_two_instances_on_one_lock_file_take_turns(tmp_path):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from services.allocation.sim_partitions import SimPartitionManager
+from services.allocation.partitions.sim import SimPartitionManager
 from shared.errors import ClaimError, InvalidOpaqueConfigError
 from shared.pb.drasuite.v1 import inventory_pb2
 

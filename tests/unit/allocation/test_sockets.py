@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from services.allocation import socket_server, sockets
+from services.allocation.kubelet import socket_server, sockets
 from shared.errors import SocketBindError
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from services.allocation import vnpu_npusmi
-from services.allocation.vnpu_npusmi import NpuSmiError
-from services.allocation.vnpu_partitions import VnpuPartitionManager
+from services.allocation.partitions import vnpu_npusmi
+from services.allocation.partitions.vnpu import VnpuPartitionManager
+from services.allocation.partitions.vnpu_npusmi import NpuSmiError
 from shared.errors import ClaimError, InvalidOpaqueConfigError
 from shared.pb.drasuite.v1 import inventory_pb2
 from tests.fakes.npusmi_vnpu import Crash, FakeChip, FakeVnpuNpuSmi, install

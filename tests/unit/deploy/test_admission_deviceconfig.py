@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from services.allocation import opaque
+from services.allocation.dra import opaque
 from shared.errors import InvalidOpaqueConfigError
 from tests.unit.deploy.manifests import (
     ADMISSION,

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from services.allocation import opaque
+from services.allocation.dra import opaque
 from services.devcluster import scheduler
 from services.discovery import inventory, slices
 from services.discovery.backends import nvml

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from services.allocation import sim_partitions
+from services.allocation.partitions import sim as sim_partitions
 from services.discovery import apirules, inventory, slices
 from services.discovery.backends import mig, sim
 from shared.pb.drasuite.v1 import inventory_pb2

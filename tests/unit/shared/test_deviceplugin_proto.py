@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from google.protobuf.descriptor import FieldDescriptor
 
-from services.allocation import dp_registration, dp_service
+from services.allocation.deviceplugin import registration, service
 from shared.pb.kubelet.deviceplugin.v1beta1 import api_pb2 as dp
 from shared.pb.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 
@@ -162,10 +162,10 @@ def test_services_methods_and_paths(service, stub):
 
 
 def test_constants_are_the_kubelets():
-    assert dp_registration.VERSION == "v1beta1"
-    assert str(dp_registration.DEVICE_PLUGIN_PATH) + "/" == "/var/lib/kubelet/device-plugins/"
-    assert str(dp_registration.KUBELET_SOCKET) == "/var/lib/kubelet/device-plugins/kubelet.sock"
-    assert (dp_service.HEALTHY, dp_service.UNHEALTHY) == ("Healthy", "Unhealthy")
+    assert registration.VERSION == "v1beta1"
+    assert str(registration.DEVICE_PLUGIN_PATH) + "/" == "/var/lib/kubelet/device-plugins/"
+    assert str(registration.KUBELET_SOCKET) == "/var/lib/kubelet/device-plugins/kubelet.sock"
+    assert (service.HEALTHY, service.UNHEALTHY) == ("Healthy", "Unhealthy")
 
 
 def test_a_response_round_trips_with_upstream_field_numbers():

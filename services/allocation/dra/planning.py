@@ -3,7 +3,7 @@
 `plan()` turns an allocated claim, the node's inventory and the claim's opaque configs into the
 stored answer (`PreparedClaim`): devices, CDI IDs, the CDI spec and the configs in force. It may
 run twice for one claim (a retry after a crash) and gives the same answer both times: the CDI
-IDs depend on the claim alone. The container edits are the backend's (`cdi_edits`).
+IDs depend on the claim alone. The container edits are the backend's (`cdi.edits`).
 
 A claim whose config asks for partitions, or that got an option made on demand (a MIG
 placement flagged `createdOnDemand`), is planned twice: first without them (the record then
@@ -18,15 +18,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from services.allocation import cdi, cdi_edits, edit_allowlist, opaque
-from services.allocation.cdi_edits import CLAIM_UID_ENV, DEVICES_ENV, DeviceUse, claim_edits
-from services.allocation.checkpoint import (
+from services.allocation.cdi import allowlist, edits, spec_files
+from services.allocation.cdi.edits import CLAIM_UID_ENV, DEVICES_ENV, DeviceUse, claim_edits
+from services.allocation.dra import opaque
+from services.allocation.dra.checkpoint import (
     ClaimState,
     PreparedClaim,
     PreparedDevice,
     PreparedPartition,
 )
-from services.allocation.claims import AllocatedClaim, DeviceResult
+from services.allocation.dra.claims import AllocatedClaim, DeviceResult
 from services.allocation.partitions import Partition, on_demand_option
 from shared.errors import ClaimError, DeviceNotAllocatableError, InvalidOpaqueConfigError
 from shared.pb.drasuite.v1 import inventory_pb2
@@ -55,7 +56,9 @@ def plan(
     configs = opaque.resolve(claim.configs, requests, driver=driver, claim_uid=ref.uid)
     made = partitions or {}
     wanted = _partitions_wanted(resolved, configs, made, claim_uid=ref.uid)
-    names = cdi.device_names(ref.uid, [(r.request, r.device, r.share_id) for r, _ in resolved])
+    names = spec_files.device_names(
+        ref.uid, [(r.request, r.device, r.share_id) for r, _ in resolved]
+    )
     spec = None
     if resolved and all(p.partition_id for p in wanted):
         spec = _spec(
@@ -63,7 +66,7 @@ def plan(
         )
     elif resolved:
         # No partition is made of a device whose own edits its backend would not make.
-        cdi_edits.check_devices(
+        edits.check_devices(
             backend=_backend(inventory),
             claim_uid=ref.uid,
             devices=[device for _, device in resolved],
@@ -94,7 +97,7 @@ def _prepared_device(result: DeviceResult, *, name: str, driver: str) -> Prepare
         pool=result.pool,
         device=result.device,
         share_id=result.share_id,
-        cdi_device_ids=(cdi.device_id(driver, name),),
+        cdi_device_ids=(spec_files.device_id(driver, name),),
     )
 
 
@@ -124,11 +127,11 @@ def _spec(
         for result, device in resolved
     ]
     edits = claim_edits(backend=backend, claim_uid=uid, uses=uses, configs=configs)
-    # One CDI device per use, named as the kubelet's answer names it (`cdi.device_names`).
+    # One CDI device per use, named as the kubelet's answer names it (`spec_files.device_names`).
     devices = [replace(d, name=n) for d, n in zip(edits.devices, names, strict=True)]
-    spec = cdi.build_spec(driver=driver, devices=devices, common_nodes=edits.common_nodes)
-    edit_allowlist.check_spec(spec, claim_uid=uid, backend=backend)
-    if problems := cdi.validate(spec):
+    spec = spec_files.build_spec(driver=driver, devices=devices, common_nodes=edits.common_nodes)
+    allowlist.check_spec(spec, claim_uid=uid, backend=backend)
+    if problems := spec_files.validate(spec):
         raise ClaimError(
             f"prepare claim {uid}: invalid CDI spec: {'; '.join(problems)}", claim_uid=uid
         )

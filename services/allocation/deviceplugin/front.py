@@ -23,10 +23,11 @@ from typing import Any
 import grpc
 import structlog
 
-from services.allocation import dp_allocation, dp_registration, socket_server
-from services.allocation.dp_catalog import DeviceCatalog
-from services.allocation.dp_service import OPTIONS, DevicePluginService
-from services.allocation.health_board import HealthBoard
+from services.allocation.deviceplugin import container_devices, registration
+from services.allocation.deviceplugin.catalog import DeviceCatalog
+from services.allocation.deviceplugin.service import OPTIONS, DevicePluginService
+from services.allocation.kubelet import socket_server
+from services.allocation.node_view.health_board import HealthBoard
 from shared import atomicfile
 from shared.backoff import Backoff
 from shared.errors import ClaimError
@@ -79,7 +80,7 @@ class DevicePluginFront:
 
     @property
     def spec_path(self) -> Path:
-        return self.cdi_root / dp_allocation.spec_file_name(self.catalog.driver)
+        return self.cdi_root / container_devices.spec_file_name(self.catalog.driver)
 
     def socket_path(self, resource: str) -> Path:
         return self.plugin_dir / socket_name(self.catalog.driver, resource)
@@ -119,7 +120,7 @@ class DevicePluginFront:
 
     def _look(self, resources: list[str]) -> tuple[tuple[int, int] | None, set[str]]:
         """kubelet.sock's identity, and the resources whose socket is not there (blocking)."""
-        kubelet = dp_registration.kubelet_identity(self.kubelet_socket)
+        kubelet = registration.kubelet_identity(self.kubelet_socket)
         return kubelet, {r for r in resources if not self.socket_path(r).is_socket()}
 
     async def _serve(self, resource: str) -> None:
@@ -140,13 +141,13 @@ class DevicePluginFront:
 
     async def _register(self, resource: str) -> None:
         try:
-            await dp_registration.register(
+            await registration.register(
                 self.kubelet_socket,
                 resource=resource,
                 endpoint=self.socket_path(resource).name,
                 options=OPTIONS,
             )
-        except dp_registration.RegistrationError as exc:
+        except registration.RegistrationError as exc:
             backoff = self._retries.get(resource, (Backoff(initial_s=0.5, max_s=30.0), 0.0))[0]
             delay = backoff.next_delay()
             self._retries[resource] = (backoff, asyncio.get_running_loop().time() + delay)
@@ -170,7 +171,7 @@ class DevicePluginFront:
         self._spec_source = current
         devices = [device for resource in current.values() for device in resource.devices]
         try:
-            spec, refused = dp_allocation.static_spec(
+            spec, refused = container_devices.static_spec(
                 devices, backend=self.catalog.backend, driver=self.catalog.driver
             )
         except ClaimError as exc:

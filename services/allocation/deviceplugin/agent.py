@@ -15,12 +15,13 @@ import contextlib
 
 import structlog
 
-from services.allocation import front_guard, watchers
 from services.allocation.config import AllocationConfig
-from services.allocation.dp_catalog import DeviceCatalog
-from services.allocation.dp_front import DevicePluginFront
-from services.allocation.health_board import HealthBoard
-from services.allocation.inventory_cache import InventoryCache
+from services.allocation.deviceplugin.catalog import DeviceCatalog
+from services.allocation.deviceplugin.front import DevicePluginFront
+from services.allocation.kubelet import front_guard
+from services.allocation.node_view import watchers
+from services.allocation.node_view.health_board import HealthBoard
+from services.allocation.node_view.inventory_cache import InventoryCache
 from shared import atomicfile, opsserver
 from shared.bus.connection import Bus
 from shared.errors import ConfigError

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import structlog
 
-from services.allocation.health_board import HealthBoard
-from services.allocation.inventory_cache import InventoryCache
+from services.allocation.node_view.health_board import HealthBoard
+from services.allocation.node_view.inventory_cache import InventoryCache
 from shared.bus import codec, kv
 from shared.bus.connection import Bus
 from shared.errors import MalformedMessageError

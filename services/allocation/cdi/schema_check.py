@@ -1,4 +1,4 @@
-"""The CDI JSON schema (`cdi_schema/schema.json` + `defs.json`) as a validator (pure).
+"""The CDI JSON schema (`schema/schema.json` + `defs.json`) as a validator (pure).
 
 `schema_problems(spec)` lists what the schema rejects in a spec, each as `<json path>: <why>`;
 `cdi.validate` adds them to its own checks (names, versions, empty edits), which the schema
@@ -24,7 +24,7 @@ from referencing.jsonschema import DRAFT7
 
 __all__ = ["SCHEMA_DIR", "schema_problems"]
 
-SCHEMA_DIR = Path(__file__).with_name("cdi_schema")
+SCHEMA_DIR = Path(__file__).with_name("schema")
 
 
 @functools.cache

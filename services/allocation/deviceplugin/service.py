@@ -1,8 +1,8 @@
 """The kubelet device plugin API v1beta1 `DevicePlugin` servicer, one per extended resource.
 
-Delegates: devices come from `DeviceCatalog` (the inventory, grouped by `dp_resources`),
+Delegates: devices come from `DeviceCatalog` (the inventory, grouped by `resources`),
 health from the `HealthBoard` (the health KV as it changes), the choice from `preference`, the
-container edits from `dp_allocation` (the DRA prepare's allowlisted edits). A device the
+container edits from `container_devices` (the DRA prepare's allowlisted edits). A device the
 health agent has no record of is `Healthy`: the device plugin API has no Unknown, and the
 vendors' plugins start healthy too. Bad requests abort with INVALID_ARGUMENT, refused edits
 with PERMISSION_DENIED; the kubelet then fails that pod's admission.
@@ -17,11 +17,11 @@ from typing import Any
 import grpc
 import structlog
 
-from services.allocation import dp_allocation, preference
-from services.allocation.dp_catalog import DeviceCatalog
-from services.allocation.dp_resources import Resource
-from services.allocation.edit_allowlist import ForbiddenEditError
-from services.allocation.health_board import Health, HealthBoard
+from services.allocation.cdi.allowlist import ForbiddenEditError
+from services.allocation.deviceplugin import container_devices, preference
+from services.allocation.deviceplugin.catalog import DeviceCatalog
+from services.allocation.deviceplugin.resources import Resource
+from services.allocation.node_view.health_board import Health, HealthBoard
 from shared.errors import ClaimError
 from shared.pb.drasuite.v1 import inventory_pb2
 from shared.pb.kubelet.deviceplugin.v1beta1 import api_pb2 as dp
@@ -109,9 +109,9 @@ class DevicePluginService(dp_grpc.DevicePluginServicer):
 
     async def _allocation(
         self, devices: list[inventory_pb2.Device], context: Context
-    ) -> dp_allocation.ContainerAllocation:
+    ) -> container_devices.ContainerAllocation:
         try:
-            return dp_allocation.container_allocation(
+            return container_devices.container_allocation(
                 devices,
                 backend=self.catalog.backend,
                 driver=self.catalog.driver,
@@ -155,7 +155,7 @@ async def _first(*events: asyncio.Event) -> None:
 
 
 def _container_response(
-    allocation: dp_allocation.ContainerAllocation,
+    allocation: container_devices.ContainerAllocation,
 ) -> dp.ContainerAllocateResponse:
     return dp.ContainerAllocateResponse(
         envs=allocation.envs,

@@ -19,10 +19,10 @@ import grpc
 import structlog
 from opentelemetry import trace
 
-from services.allocation import echo
-from services.allocation.checkpoint import PreparedClaim, PreparedDevice
-from services.allocation.claims import ClaimRef
-from services.allocation.preparer import ClaimPreparer
+from services.allocation.dra import echo
+from services.allocation.dra.checkpoint import PreparedClaim, PreparedDevice
+from services.allocation.dra.claims import ClaimRef
+from services.allocation.dra.preparer import ClaimPreparer
 from shared import telemetry
 from shared.errors import ClaimError
 from shared.pb.kubelet.dra.v1 import api_pb2 as v1

@@ -25,7 +25,7 @@ from typing import Any
 import grpc
 import structlog
 
-from services.allocation import socket_server
+from services.allocation.kubelet import socket_server
 from shared import metrics
 from shared.backoff import Backoff
 from shared.pb.kubelet.pluginregistration.v1 import api_pb2 as reg

@@ -15,11 +15,11 @@ from typing import Protocol
 import structlog
 
 from services.allocation.config import AllocationConfig
-from services.allocation.mig_partitions import MigPartitionManager
-from services.allocation.nvidia_caps import CapsNodes
 from services.allocation.partitions import Partition, PartitionManager
-from services.allocation.sim_partitions import SimPartitionManager
-from services.allocation.vnpu_partitions import VnpuPartitionManager
+from services.allocation.partitions.mig import MigPartitionManager
+from services.allocation.partitions.nvidia_caps import CapsNodes
+from services.allocation.partitions.sim import SimPartitionManager
+from services.allocation.partitions.vnpu import VnpuPartitionManager
 from shared.errors import ClaimError
 from shared.pb.drasuite.v1 import inventory_pb2
 

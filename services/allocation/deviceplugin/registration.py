@@ -12,7 +12,7 @@ from pathlib import Path
 
 import grpc
 
-from services.allocation import sockets
+from services.allocation.kubelet import sockets
 from shared.errors import RecoverableError
 from shared.pb.kubelet.deviceplugin.v1beta1 import api_pb2 as dp
 from shared.pb.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc

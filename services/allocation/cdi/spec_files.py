@@ -6,7 +6,7 @@ a shared device) so that names are never reused across claims; the file is
 `CDIWriter` only writes and removes files. `cdiVersion` is the minimum the used fields need.
 Nodes every device of the spec needs (a vendor's control nodes) go into the spec-level
 `containerEdits`, which a runtime applies once when any device of the spec is used.
-`validate` checks a spec against the CDI JSON schema (`cdi_schema/`) and what the schema does
+`validate` checks a spec against the CDI JSON schema (`schema/`) and what the schema does
 not express (name syntax and length, versions, empty edits); an invalid spec is never written.
 
 A device under several requests of one claim gets a name per request (`device_names`).
@@ -29,7 +29,7 @@ from typing import Any
 
 import structlog
 
-from services.allocation.cdi_schema_check import schema_problems
+from services.allocation.cdi.schema_check import schema_problems
 from shared import atomicfile
 
 __all__ = [

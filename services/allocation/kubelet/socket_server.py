@@ -11,8 +11,8 @@ from pathlib import Path
 import grpc
 import structlog
 
-from services.allocation import sockets
-from services.allocation.decode_guard import DecodeGuard
+from services.allocation.kubelet import sockets
+from services.allocation.kubelet.decode_guard import DecodeGuard
 from shared.errors import SocketBindError
 
 __all__ = ["AddServices", "start", "stop", "until_terminated"]

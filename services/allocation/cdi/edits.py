@@ -15,7 +15,7 @@ The inventory's `backend` picks how a device reaches a container (HARDWARE.md 1.
 - `sim` and anything else: the device's own nodes and env from the inventory, as published
   (sim nodes map to /dev/null on the host, so no real control nodes are added).
 
-Whatever the inventory says, the result passes `edit_allowlist.check` for the backend (each
+Whatever the inventory says, the result passes `allowlist.check` for the backend (each
 device's own nodes, control nodes and env first, so a refusal names the device that brought
 it; then every device's final env) or the claim fails with `ForbiddenEditError`.
 
@@ -36,8 +36,9 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from services.allocation import cdi, edit_allowlist, opaque
-from services.allocation.cdi import CDIDevice
+from services.allocation.cdi import allowlist, spec_files
+from services.allocation.cdi.spec_files import CDIDevice
+from services.allocation.dra import opaque
 from services.allocation.partitions import Partition
 from shared import quantity
 from shared.errors import ClaimError
@@ -271,17 +272,17 @@ def claim_edits(
     }
     devices = [
         CDIDevice(
-            name=cdi.device_name(claim_uid, use.device.name, use.share_id),
+            name=spec_files.device_name(claim_uid, use.device.name, use.share_id),
             env={**request_env[use.request], CLAIM_UID_ENV: claim_uid},
             device_nodes=tuple(edits.nodes),
         )
         for use, edits in zip(uses, per_use, strict=True)
     ]
-    edit_allowlist.check(
+    allowlist.check(
         backend=backend,
         claim_uid=claim_uid,
         devices=[
-            edit_allowlist.DeviceEdits(device=use.device.name, nodes=(), env=device.env)
+            allowlist.DeviceEdits(device=use.device.name, nodes=(), env=device.env)
             for use, device in zip(uses, devices, strict=True)
         ],
     )
@@ -311,11 +312,11 @@ def _check_devices(
     *, backend: str, claim_uid: str, uses: Sequence[DeviceUse], per_use: Sequence[_Edits]
 ) -> None:
     """Each device's own edits (partition included) against the backend's allowlist."""
-    edit_allowlist.check(
+    allowlist.check(
         backend=backend,
         claim_uid=claim_uid,
         devices=[
-            edit_allowlist.DeviceEdits(
+            allowlist.DeviceEdits(
                 device=use.device.name, nodes=[*edits.nodes, *edits.common], env=edits.env
             )
             for use, edits in zip(uses, per_use, strict=True)

@@ -25,10 +25,9 @@ from pathlib import Path
 
 import structlog
 
-from services.allocation import vnpu_npusmi
-from services.allocation.partition_state import MALFORMED, Entry, StateFile, to_partition
-from services.allocation.partitions import Partition
-from services.allocation.vnpu_npusmi import ChipLocation, VnpuListing
+from services.allocation.partitions import Partition, vnpu_npusmi
+from services.allocation.partitions.ledger import MALFORMED, Entry, StateFile, to_partition
+from services.allocation.partitions.vnpu_npusmi import ChipLocation, VnpuListing
 from shared.commands import CommandFailedError, CommandRunner
 from shared.errors import ClaimError, InvalidOpaqueConfigError
 from shared.pb.drasuite.v1 import inventory_pb2

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from decimal import ROUND_DOWN
 from typing import Any, TypeVar
 
-from services.allocation.claims import OpaqueConfig
+from services.allocation.dra.claims import OpaqueConfig
 from shared import quantity
 from shared.errors import InvalidOpaqueConfigError
 

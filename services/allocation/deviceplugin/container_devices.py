@@ -1,7 +1,7 @@
 """What a container gets on the device-plugin front, and the static CDI spec behind it (pure).
 
-Edits come from `cdi_edits.claim_edits`, the same per-backend rules and allowlist as a DRA
-prepare (`edit_allowlist`): whatever an inventory says, a container gets only the device nodes
+Edits come from `cdi.edits.claim_edits`, the same per-backend rules and allowlist as a DRA
+prepare (`cdi.allowlist`): whatever an inventory says, a container gets only the device nodes
 and variables its node's backend produces. A device whose edits the allowlist refuses is left
 out of the static spec and fails any Allocate naming it (`ForbiddenEditError`).
 
@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from services.allocation import cdi, edit_allowlist
-from services.allocation.cdi_edits import CLAIM_UID_ENV, DeviceUse, claim_edits
+from services.allocation.cdi import allowlist, spec_files
+from services.allocation.cdi.edits import CLAIM_UID_ENV, DeviceUse, claim_edits
 from shared.errors import ClaimError
 from shared.pb.drasuite.v1 import inventory_pb2
 
@@ -48,12 +48,12 @@ class ContainerAllocation:
 
 
 def spec_file_name(driver: str) -> str:
-    return f"{cdi.vendor(driver)}-{CDI_CLASS}.json"
+    return f"{spec_files.vendor(driver)}-{CDI_CLASS}.json"
 
 
 def cdi_device_id(driver: str, device_id: str) -> str:
     """`k8s.<driver>/device=<device ID>`: what the runtime resolves against the static spec."""
-    return f"{cdi.vendor(driver)}/{CDI_CLASS}={device_id}"
+    return f"{spec_files.vendor(driver)}/{CDI_CLASS}={device_id}"
 
 
 def _label(resource: str) -> str:
@@ -87,7 +87,7 @@ def static_spec(
 
     None when no device is left.
     """
-    accepted: list[cdi.CDIDevice] = []
+    accepted: list[spec_files.CDIDevice] = []
     common: list[tuple[str, str]] = []
     refused: dict[str, str] = {}
     for device in devices:
@@ -100,14 +100,16 @@ def static_spec(
             refused[device.name] = str(exc)
             continue
         (built,) = edits.devices
-        accepted.append(cdi.CDIDevice(name=device.name, env={}, device_nodes=built.device_nodes))
+        accepted.append(
+            spec_files.CDIDevice(name=device.name, env={}, device_nodes=built.device_nodes)
+        )
         common.extend(node for node in edits.common_nodes if node not in common)
     if not accepted:
         return None, refused
-    spec = cdi.build_spec(driver=driver, devices=accepted, common_nodes=common)
-    spec["kind"] = f"{cdi.vendor(driver)}/{CDI_CLASS}"
-    spec["cdiVersion"] = cdi.required_version(spec)
-    edit_allowlist.check_spec(spec, claim_uid=_label(driver), backend=backend)
-    if problems := cdi.validate(spec):
+    spec = spec_files.build_spec(driver=driver, devices=accepted, common_nodes=common)
+    spec["kind"] = f"{spec_files.vendor(driver)}/{CDI_CLASS}"
+    spec["cdiVersion"] = spec_files.required_version(spec)
+    allowlist.check_spec(spec, claim_uid=_label(driver), backend=backend)
+    if problems := spec_files.validate(spec):
         raise ClaimError(f"device-plugin CDI spec: {'; '.join(problems)}", claim_uid="")
     return spec, refused

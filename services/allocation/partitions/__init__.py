@@ -7,10 +7,10 @@ retry after a crash finds the partition made before it and never makes a second 
 container gets the partition, not the whole device: its `Partition.device_nodes` replace the
 device's own nodes in the CDI edits and its `env` overrides the device's.
 
-Managers: `sim_partitions` (sim backend), `mig_partitions` (nvml: MIG devices through NVML),
-`vnpu_partitions` (ascend: vNPUs through npu-smi); `partition_managers.build()` combines them
+Managers: `sim` (sim backend), `mig` (nvml: MIG devices through NVML),
+`vnpu` (ascend: vNPUs through npu-smi); `by_backend.build()` combines them
 and hands each claim to the one whose `supports()` takes the inventory's backend. The hardware
-managers record what they made (`partition_state`) before making it, and only ever remove
+managers record what they made (`ledger`) before making it, and only ever remove
 what they recorded.
 
 A device published as an option made on demand (a MIG placement with `createdOnDemand: true`,

@@ -28,19 +28,21 @@ from typing import Any, Protocol, TypeVar
 
 import structlog
 
-from services.allocation import batch, echo, edit_allowlist, instruments
-from services.allocation.cdi import CDIWriter
-from services.allocation.checkpoint import (
+from services.allocation import instruments
+from services.allocation.cdi import allowlist
+from services.allocation.cdi.spec_files import CDIWriter
+from services.allocation.dra import batch, echo
+from services.allocation.dra.checkpoint import (
     CheckpointStore,
     ClaimState,
     PreparedClaim,
     PreparedPartition,
     safe_uid,
 )
-from services.allocation.claims import AllocatedClaim, ClaimRef, PodRef
+from services.allocation.dra.claims import AllocatedClaim, ClaimRef, PodRef
+from services.allocation.dra.planning import CLAIM_UID_ENV, DEVICES_ENV, find_device, plan
+from services.allocation.dra.serialize import InstanceLock
 from services.allocation.partitions import Partition, PartitionManager, on_demand_option
-from services.allocation.planning import CLAIM_UID_ENV, DEVICES_ENV, find_device, plan
-from services.allocation.serialize import InstanceLock
 from shared import telemetry
 from shared.errors import ClaimError, ClaimUIDMismatchError
 from shared.pb.drasuite.v1 import inventory_pb2
@@ -448,8 +450,8 @@ def _reporting_forbidden_edits() -> Iterator[None]:
     (a forged or damaged inventory); the claim still fails with the error."""
     try:
         yield
-    except edit_allowlist.ForbiddenEditError as exc:
-        backend = exc.backend if exc.backend in edit_allowlist.BACKENDS else "unknown"
+    except allowlist.ForbiddenEditError as exc:
+        backend = exc.backend if exc.backend in allowlist.BACKENDS else "unknown"
         for rejected in exc.rejected:
             instruments.REJECTED_EDITS.add(1, {"backend": backend, "kind": rejected.kind})
             log.warning(

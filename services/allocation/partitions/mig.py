@@ -33,11 +33,15 @@ from typing import Any, TypeVar
 
 import structlog
 
-from services.allocation import mig_nvml
-from services.allocation.mig_nvml import GpuInstance, GpuInstanceProfile, MigLibrary, Placement
-from services.allocation.nvidia_caps import CapsNodeError, CapsNodes
-from services.allocation.partition_state import MALFORMED, Entry, StateFile, to_partition
-from services.allocation.partitions import Partition
+from services.allocation.partitions import Partition, mig_nvml
+from services.allocation.partitions.ledger import MALFORMED, Entry, StateFile, to_partition
+from services.allocation.partitions.mig_nvml import (
+    GpuInstance,
+    GpuInstanceProfile,
+    MigLibrary,
+    Placement,
+)
+from services.allocation.partitions.nvidia_caps import CapsNodeError, CapsNodes
 from shared.errors import BackendLoadError, ClaimError, InvalidOpaqueConfigError
 from shared.nvml import ERROR_NOT_FOUND, Handle, NVMLCallError
 from shared.pb.drasuite.v1 import inventory_pb2

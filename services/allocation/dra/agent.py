@@ -17,26 +17,22 @@ from pathlib import Path
 import grpc
 import structlog
 
-from services.allocation import (
-    front_guard,
-    instruments,
-    partition_managers,
-    socket_server,
-    sockets,
-    watchers,
-)
-from services.allocation.cdi import CDIWriter
-from services.allocation.checkpoint import CheckpointStore, ClaimState
-from services.allocation.claim_publisher import PreparedClaimPublisher, lookup_with
-from services.allocation.claims import ClaimReader, KubeReader
+from services.allocation import instruments
+from services.allocation.cdi.spec_files import CDIWriter
 from services.allocation.config import AllocationConfig
-from services.allocation.dra_service import DRAService, DRAServiceV1Beta1
-from services.allocation.health_board import HealthBoard
-from services.allocation.health_stream import HealthServiceV1, HealthServiceV1Alpha1
-from services.allocation.inventory_cache import InventoryCache
-from services.allocation.preparer import ClaimPreparer
-from services.allocation.registration import Registrar, RegistrationService
-from services.allocation.serialize import InstanceLock
+from services.allocation.dra.checkpoint import CheckpointStore, ClaimState
+from services.allocation.dra.claim_publisher import PreparedClaimPublisher, lookup_with
+from services.allocation.dra.claims import ClaimReader, KubeReader
+from services.allocation.dra.health_stream import HealthServiceV1, HealthServiceV1Alpha1
+from services.allocation.dra.preparer import ClaimPreparer
+from services.allocation.dra.registration import Registrar, RegistrationService
+from services.allocation.dra.serialize import InstanceLock
+from services.allocation.dra.service import DRAService, DRAServiceV1Beta1
+from services.allocation.kubelet import front_guard, socket_server, sockets
+from services.allocation.node_view import watchers
+from services.allocation.node_view.health_board import HealthBoard
+from services.allocation.node_view.inventory_cache import InventoryCache
+from services.allocation.partitions import by_backend
 from shared import atomicfile, opsserver
 from shared.bus.connection import Bus
 from shared.errors import ConfigError
@@ -66,7 +62,7 @@ class AllocationAgent:
         self.inventory = InventoryCache(config.inventory_path, driver=driver, node=node)
         self.checkpoints = CheckpointStore(config.checkpoint_dir)
         self.cdi = CDIWriter(config.cdi_root, driver=driver)
-        self.partitions = partition_managers.build(config, inventory=self.inventory)
+        self.partitions = by_backend.build(config, inventory=self.inventory)
         self.bus = Bus(
             config.nats, name=f"dra-allocation-{node}", component="allocation", node=node
         )

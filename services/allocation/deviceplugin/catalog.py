@@ -1,7 +1,7 @@
 """The device-plugin front's view of the node's inventory: resources and their devices.
 
 Reads the allocation agent's `InventoryCache` (the last good inventory, quarantine rules
-included) and groups it with `dp_resources`; recomputed only when the cache holds a new
+included) and groups it with `deviceplugin.resources`; recomputed only when the cache holds a new
 inventory, and then `changed()` fires if the resources differ (a device's NUMA node, say,
 with its name unchanged, which the health board does not signal). No I/O.
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 
-from services.allocation import dp_resources
-from services.allocation.dp_resources import Resource
-from services.allocation.inventory_cache import InventoryCache
+from services.allocation.deviceplugin import resources as dp_resources
+from services.allocation.deviceplugin.resources import Resource
+from services.allocation.node_view.inventory_cache import InventoryCache
 from shared.pb.drasuite.v1 import inventory_pb2
 
 __all__ = ["DeviceCatalog"]

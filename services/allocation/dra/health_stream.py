@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 import structlog
 
-from services.allocation.health_board import DeviceHealthView, Health, HealthBoard
+from services.allocation.node_view.health_board import DeviceHealthView, Health, HealthBoard
 from shared.pb.kubelet.drahealth.v1 import api_pb2 as v1
 from shared.pb.kubelet.drahealth.v1 import api_pb2_grpc as v1_grpc
 from shared.pb.kubelet.drahealth.v1alpha1 import api_pb2 as v1alpha1

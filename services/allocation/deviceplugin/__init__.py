@@ -1,0 +1,1 @@
+"""The device-plugin front: the kubelet device plugin API v1beta1, one server per resource."""

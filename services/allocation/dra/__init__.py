@@ -1,0 +1,1 @@
+"""The DRA front: the kubelet's DRAPlugin and health services, claims, prepare, checkpoints."""
