@@ -16,6 +16,7 @@ import contextlib
 import structlog
 
 from services.allocation.config import AllocationConfig
+from services.allocation.deviceplugin import instruments
 from services.allocation.deviceplugin.catalog import DeviceCatalog
 from services.allocation.deviceplugin.front import DevicePluginFront
 from services.allocation.kubelet import front_guard
@@ -62,6 +63,7 @@ class DevicePluginAgent:
         # Closed first: ListAndWatch streams end before their servers stop.
         resources.callback(self.board.close)
         await self.front.sync()
+        instruments.observe_front(self.front.device_counts, self.front.stream_counts)
         await opsserver.open_ops_server(
             config.ops,
             resources,

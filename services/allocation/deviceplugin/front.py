@@ -23,7 +23,7 @@ from typing import Any
 import grpc
 import structlog
 
-from services.allocation.deviceplugin import container_devices, registration
+from services.allocation.deviceplugin import container_devices, instruments, registration
 from services.allocation.deviceplugin.catalog import DeviceCatalog
 from services.allocation.deviceplugin.service import OPTIONS, DevicePluginService
 from services.allocation.kubelet import socket_server
@@ -151,6 +151,7 @@ class DevicePluginFront:
             backoff = self._retries.get(resource, (Backoff(initial_s=0.5, max_s=30.0), 0.0))[0]
             delay = backoff.next_delay()
             self._retries[resource] = (backoff, asyncio.get_running_loop().time() + delay)
+            instruments.REGISTRATIONS.add(1, {"resource": resource, "outcome": "error"})
             log.warning(
                 "device_plugin_registration_failed",
                 resource=resource,
@@ -161,6 +162,7 @@ class DevicePluginFront:
         self._retries.pop(resource, None)
         self.registered.add(resource)
         self.registrations += 1
+        instruments.REGISTRATIONS.add(1, {"resource": resource, "outcome": "ok"})
         log.info("device_plugin_registered", resource=resource)
 
     async def _write_spec(self) -> None:
@@ -188,6 +190,17 @@ class DevicePluginFront:
         log.info(
             "device_plugin_spec_written", path=str(self.spec_path), devices=len(spec["devices"])
         )
+
+    def device_counts(self) -> dict[tuple[str, str], int]:
+        """(resource, health) -> devices, as the ListAndWatch streams would send them now."""
+        counts: dict[tuple[str, str], int] = {}
+        for resource, service in sorted(self.services.items()):
+            for device in service.device_list().devices:
+                counts[(resource, device.health)] = counts.get((resource, device.health), 0) + 1
+        return counts
+
+    def stream_counts(self) -> dict[str, int]:
+        return {resource: service.streams for resource, service in sorted(self.services.items())}
 
     async def close(self) -> None:
         """Stop every server; its socket goes, which the kubelet takes as the plugin leaving."""

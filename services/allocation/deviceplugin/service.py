@@ -11,14 +11,16 @@ with PERMISSION_DENIED; the kubelet then fails that pod's admission.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import grpc
 import structlog
 
+from services.allocation import instruments as allocation_instruments
 from services.allocation.cdi.allowlist import ForbiddenEditError
-from services.allocation.deviceplugin import container_devices, preference
+from services.allocation.deviceplugin import container_devices, instruments, preference
 from services.allocation.deviceplugin.catalog import DeviceCatalog
 from services.allocation.deviceplugin.resources import Resource
 from services.allocation.node_view.health_board import Health, HealthBoard
@@ -44,6 +46,8 @@ class DevicePluginService(dp_grpc.DevicePluginServicer):
         self.resource = resource
         self.catalog = catalog
         self.board = board
+        self.streams = 0
+        """Open ListAndWatch streams (the kubelet keeps one)."""
 
     async def GetDevicePluginOptions(
         self, request: dp.Empty, context: Context
@@ -55,14 +59,18 @@ class DevicePluginService(dp_grpc.DevicePluginServicer):
     ) -> AsyncIterator[dp.ListAndWatchResponse]:
         """The whole list at once, then again on every change of it, until we stop."""
         last: dp.ListAndWatchResponse | None = None
-        while not self.board.closed:
-            # Both taken before reading: no change is missed.
-            changes = (self.board.changed(), self.catalog.changed())
-            current = self.device_list()
-            if current != last:
-                yield current
-                last = current
-            await _first(*changes)
+        self.streams += 1
+        try:
+            while not self.board.closed:
+                # Both taken before reading: no change is missed.
+                changes = (self.board.changed(), self.catalog.changed())
+                current = self.device_list()
+                if current != last:
+                    yield current
+                    last = current
+                await _first(*changes)
+        finally:
+            self.streams -= 1
 
     def device_list(self) -> dp.ListAndWatchResponse:
         health = {view.device: view.health for view in self.board.snapshot()}
@@ -94,11 +102,26 @@ class DevicePluginService(dp_grpc.DevicePluginServicer):
         return response
 
     async def Allocate(self, request: dp.AllocateRequest, context: Context) -> dp.AllocateResponse:
+        start = time.perf_counter()
+        outcome = "error"
+        try:
+            response = self._allocate(request)
+            outcome = "ok"
+            return response
+        except _AllocateError as exc:
+            outcome = exc.outcome
+            await context.abort(exc.code, exc.message)
+        finally:
+            instruments.ALLOCATE_SECONDS.record(
+                time.perf_counter() - start, {"resource": self.resource, "outcome": outcome}
+            )
+
+    def _allocate(self, request: dp.AllocateRequest) -> dp.AllocateResponse:
         resource = self.catalog.resource(self.resource)
         response = dp.AllocateResponse()
         for container in request.container_requests:
-            devices = await self._devices(resource, container.devices_ids, context)
-            allocation = await self._allocation(devices, context)
+            devices = self._devices(resource, container.devices_ids)
+            allocation = self._allocation(devices)
             response.container_responses.append(_container_response(allocation))
         log.info(
             "devices_allocated",
@@ -107,8 +130,8 @@ class DevicePluginService(dp_grpc.DevicePluginServicer):
         )
         return response
 
-    async def _allocation(
-        self, devices: list[inventory_pb2.Device], context: Context
+    def _allocation(
+        self, devices: list[inventory_pb2.Device]
     ) -> container_devices.ContainerAllocation:
         try:
             return container_devices.container_allocation(
@@ -118,21 +141,24 @@ class DevicePluginService(dp_grpc.DevicePluginServicer):
                 resource=self.resource,
             )
         except ForbiddenEditError as exc:
+            for rejected in exc.rejected:
+                allocation_instruments.REJECTED_EDITS.add(
+                    1, {"backend": self.catalog.backend, "kind": rejected.kind}
+                )
             log.error("allocate_refused", resource=self.resource, error=str(exc), security=True)
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+            raise _AllocateError("refused", grpc.StatusCode.PERMISSION_DENIED, str(exc)) from exc
         except ClaimError as exc:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            raise _AllocateError("error", grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from exc
 
-    async def _devices(
-        self, resource: Resource, ids: Iterable[str], context: Context
-    ) -> list[inventory_pb2.Device]:
+    def _devices(self, resource: Resource, ids: Iterable[str]) -> list[inventory_pb2.Device]:
         """The inventory devices of `ids`; INVALID_ARGUMENT for none or an unknown one."""
         names = list(dict.fromkeys(ids))
         found = [(name, resource.device(name)) for name in names]
         devices = [device for _, device in found if device is not None]
         missing = [name[:63] for name, device in found if device is None]
         if not names or missing:
-            await context.abort(
+            raise _AllocateError(
+                "invalid",
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"{self.resource}: unknown devices {missing[:8]}" if missing else "no devices",
             )
@@ -142,6 +168,14 @@ class DevicePluginService(dp_grpc.DevicePluginServicer):
         self, request: dp.PreStartContainerRequest, context: Context
     ) -> dp.PreStartContainerResponse:
         return dp.PreStartContainerResponse()  # never asked for (OPTIONS.pre_start_required)
+
+
+class _AllocateError(Exception):
+    """Why an Allocate fails: its metric outcome and the gRPC status to abort with."""
+
+    def __init__(self, outcome: str, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.outcome, self.code, self.message = outcome, code, message
 
 
 async def _first(*events: asyncio.Event) -> None:

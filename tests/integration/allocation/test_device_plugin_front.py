@@ -14,11 +14,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from services.allocation.deviceplugin.agent import DevicePluginAgent
 from services.allocation.dra.agent import AllocationAgent
 from services.devcluster.deviceplugin_kubelet import KubeletDeviceError
 from services.discovery.backends.sim import SimBackend
+from shared import metrics
 from shared.bus.connection import Bus
 from shared.config import NATSSettings
 from shared.errors import ConfigError
@@ -253,3 +255,50 @@ async def test_containers_admitted_in_turn_get_whole_free_cards_around_a_faulty_
     # Whole cards only; card 3 has the faulty chip, its other chip stays for a single. Card 4
     # first: best fit, its NUMA node has fewer free chips, NUMA node 0 stays whole for four.
     assert got == ["6,7", "0,1", "2,3"]
+
+
+def _samples(name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """Every series of `name` in this process's /metrics text, by its sorted labels."""
+    metrics.configure(service="test")
+    found = {}
+    for family in text_string_to_metric_families(metrics.render().decode()):
+        for sample in family.samples:
+            if sample.name == name:
+                found[tuple(sorted(sample.labels.items()))] = float(sample.value)
+    return found
+
+
+def _allocations(outcome: str) -> float:
+    key = (("outcome", outcome), ("resource", NPU))
+    return _samples("dra_device_plugin_allocate_duration_seconds_count").get(key, 0.0)
+
+
+async def test_the_front_reports_allocations_registrations_devices_and_streams(node):
+    metrics.configure(service="test")
+    before = {outcome: _allocations(outcome) for outcome in ("ok", "invalid", "refused")}
+    registered = _samples("dra_device_plugin_registrations_total")
+    scan = await SimBackend.from_profile("ascend-310p-duo").scan()
+    devices = list(scan.devices)
+    devices[2].env["LD_PRELOAD"] = "/tmp/evil.so"
+    await node.publish_devices(devices)
+    async with node.agent():
+        await node.kubelet.wait_for_devices(NPU, all_healthy(8))
+        await node.publish_health("npu-5", health_pb2.HEALTH_STATE_UNHEALTHY, message="80E3A201")
+        await node.kubelet.wait_for_devices(NPU, lambda d: d["npu-5"] == "Unhealthy")
+        await node.kubelet.allocate(NPU, [["npu-0", "npu-1"]])
+        with pytest.raises(KubeletDeviceError):
+            await node.kubelet.allocate(NPU, [["npu-9"]])
+        with pytest.raises(KubeletDeviceError):
+            await node.kubelet.allocate(NPU, [["npu-2"]])
+        shown = _samples("dra_device_plugin_devices")
+        streams = _samples("dra_device_plugin_streams")
+
+    after = {outcome: _allocations(outcome) - before[outcome] for outcome in before}
+    assert after == {"ok": 1, "invalid": 1, "refused": 1}
+    assert shown[(("health", "Healthy"), ("resource", NPU))] == 7
+    assert shown[(("health", "Unhealthy"), ("resource", NPU))] == 1
+    assert streams[(("resource", NPU),)] == 1
+    ok = (("outcome", "ok"), ("resource", NPU))
+    assert _samples("dra_device_plugin_registrations_total")[ok] == registered.get(ok, 0) + 1
+    rejected = _samples("dra_prepare_rejected_edits_total")
+    assert rejected[(("backend", "sim"), ("kind", "env_name"))] >= 1
