@@ -1,7 +1,8 @@
 """The health KV writer: one `DeviceHealth` record per device of this node.
 
-`set()` gives the records wanted now; `flush()` writes the ones that changed (and rewrites all
-every `refresh_s`) and deletes records of devices that left. While NATS is down the wanted
+`set()` gives the records wanted now; `flush()` writes the ones that changed (and rewrites each
+unchanged one about every `refresh_s`, at a jittered time so that a fleet started together does
+not rewrite together) and deletes records of devices that left. While NATS is down the wanted
 records simply wait for the next flush; after every (re)connect the node's keys are resynced.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
 from typing import cast
@@ -101,8 +103,9 @@ class HealthRecorder:
         self._clock = clock
         self._wanted: dict[str, health_pb2.DeviceHealth] = {}
         # What the KV holds for each device as far as we know: record bytes without
-        # `updated_unix_ms`, and when we wrote it.
+        # `updated_unix_ms`, and when an unchanged record is rewritten next.
         self._written: dict[str, tuple[bytes, float]] = {}
+        self._jitter = random.Random()
         self._stale: set[str] = set()
         self._synced_epoch = 0
         self._deferred = False
@@ -184,14 +187,15 @@ class HealthRecorder:
         blob = codec.encode(record)
         now = self._clock()
         written = self._written.get(device)
-        if written is not None and written[0] == blob and now - written[1] < self._refresh_s:
+        if written is not None and written[0] == blob and now < written[1]:
             return
         stamped = health_pb2.DeviceHealth()
         stamped.CopyFrom(record)
         stamped.updated_unix_ms = int(now * 1000)
         key = self._bus.names.health_key(self._driver, self._node, device)
         await self._bus.kv_put(self._bus.names.health_bucket, key, codec.encode(stamped))
-        self._written[device] = (blob, now)
+        # Uniform in [0.5, 1.5) x refresh_s: the mean stays refresh_s and phases spread out.
+        self._written[device] = (blob, now + self._refresh_s * (0.5 + self._jitter.random()))
         self._stale.discard(device)
         if written is None or written[0] != blob:
             log.debug("health_recorded", node=self._node, device=device, state=record.state)
