@@ -128,6 +128,12 @@ class NATSSettings:
         help="Replicas of the KV buckets and the alert stream this agent creates (1 for one "
         "server, 3 on a 3-server JetStream cluster); an existing one is updated in place.",
     )
+    watch_heartbeat_s: float = setting(
+        20.0,
+        flag="--nats-watch-heartbeat-s",
+        help="Idle heartbeat of each KV watch's consumer; a watch that hears nothing for 3 "
+        "heartbeats (its consumer's server died) starts again.",
+    )
 
     def __post_init__(self) -> None:
         if not self.url:
@@ -141,6 +147,8 @@ class NATSSettings:
             raise ConfigError(
                 f"nats replicas {self.replicas} is not within 1..{_MAX_REPLICAS}", field="replicas"
             )
+        if not self.watch_heartbeat_s > 0:  # NaN too
+            raise ConfigError("nats watch heartbeat must be positive", field="watch_heartbeat_s")
         self._check_auth_combination()
         auth.check(self)
 

@@ -3,6 +3,13 @@
 `watch()` yields `KVChange`s forever. After a reconnect it restarts the watch, which replays the
 latest value of every key, so a consumer that applies changes idempotently converges.
 
+A consumer can also go while the connection stays up: on a JetStream cluster the R1 consumer
+lives on one server, which may die while this client is connected to another, and anyone may
+delete it. The consumer sends an idle heartbeat (`--nats-watch-heartbeat-s`) whenever it had
+nothing to deliver; a watch that hears nothing, neither entry nor heartbeat, for
+`_STALL_HEARTBEATS` heartbeats while connected logs `kv_watch_stalled` and restarts at once,
+replaying as after a reconnect.
+
 Each (re)start creates a *named* push consumer through
 `$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>`, the one consumer-create form whose filter
 is in the subject, so nats-server can allow a node agent to watch its own keys and nothing
@@ -19,6 +26,7 @@ import contextlib
 import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import nats.errors
 import nats.js.errors
@@ -39,6 +47,9 @@ __all__ = ["KVChange", "watch"]
 _WATCH_FAILED = (BusUnavailableError, nats.errors.Error, TimeoutError)
 _MARKER_REASON = "Nats-Marker-Reason"
 _INACTIVE_THRESHOLD_S = 60.0
+# Missed heartbeats before a watch counts its consumer as lost (nats.go's ordered consumer
+# waits as many): one late heartbeat is not a lost consumer.
+_STALL_HEARTBEATS = 3
 
 log = structlog.get_logger(__name__)
 
@@ -85,6 +96,7 @@ async def _start(bus: Bus, *, bucket: str, keys: str) -> _Watcher:
         mem_storage=True,
         num_replicas=1,
         inactive_threshold=_INACTIVE_THRESHOLD_S,
+        idle_heartbeat=bus.settings.watch_heartbeat_s,
     )
     try:
         info = await js.add_consumer(names.kv_stream(bucket), config=config)
@@ -116,9 +128,12 @@ def _change(msg: Msg, *, prefix: str) -> KVChange | None:
 
 
 async def watch(bus: Bus, *, bucket: str, keys: str) -> AsyncIterator[KVChange]:
-    """Yield changes of `keys` in `bucket` forever, resubscribing after reconnects."""
+    """Yield changes of `keys` in `bucket` forever, resubscribing after reconnects and when
+    the consumer is lost (no entry nor heartbeat for `_STALL_HEARTBEATS` heartbeats)."""
     backoff = Backoff(initial_s=0.1, max_s=5.0)
     prefix = bus.names.kv_subject(bucket, "")
+    stall_s = _STALL_HEARTBEATS * bus.settings.watch_heartbeat_s
+    loop = asyncio.get_running_loop()
     while True:
         await bus.connected.wait()
         epoch = bus.epoch
@@ -135,16 +150,27 @@ async def watch(bus: Bus, *, bucket: str, keys: str) -> AsyncIterator[KVChange]:
             if watcher.replay == 0:
                 yield _SYNCED
             synced = watcher.replay == 0
+            heard_at = loop.time()
             while True:
-                update = asyncio.ensure_future(watcher.queue.get())
+                if update is None:
+                    update = asyncio.ensure_future(watcher.queue.get())
+                waiting: set[asyncio.Future[Any]] = {update, reconnected}
                 done, _ = await asyncio.wait(
-                    {update, reconnected}, return_when=asyncio.FIRST_COMPLETED
+                    waiting, timeout=stall_s, return_when=asyncio.FIRST_COMPLETED
                 )
-                if update not in done:
+                if reconnected in done:
+                    break
+                if not done:
+                    if not bus.connected.is_set():
+                        continue  # no heartbeat can come: the reconnect restarts the watch
+                    waited_s = round(loop.time() - heard_at, 1)
+                    log.warning("kv_watch_stalled", bucket=bucket, waited_s=waited_s)
                     break
                 msg = update.result()
+                update = None
+                heard_at = loop.time()
                 if not msg.reply.startswith("$JS.ACK."):
-                    continue  # not a delivery of the consumer (no metadata), not an entry
+                    continue  # a heartbeat, or not of the consumer (no metadata): no entry
                 change = _change(msg, prefix=prefix)
                 if change is not None:
                     yield change

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import pytest
+import structlog
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
+from services.devcluster.natscluster import NATSCluster
 from services.devcluster.natsserver import NATSServerProcess
 from shared import telemetry
 from shared.bus import kv
@@ -148,3 +153,138 @@ async def test_request_carries_the_current_trace_context_in_its_headers(bus: Bus
         await bus.request(subject, b"x", timeout_s=2)
         expected = format(span.get_span_context().trace_id, "032x")
     assert seen == [expected]
+
+
+@contextlib.asynccontextmanager
+async def _connected(settings: NATSSettings) -> AsyncIterator[Bus]:
+    bus = Bus(settings, name="watch-recovery")
+    runner = asyncio.create_task(bus.run())
+    try:
+        await asyncio.wait_for(bus.connected.wait(), 10)
+        yield bus
+    finally:
+        await bus.close()
+        runner.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await runner
+
+
+async def _forward(bus: Bus, bucket: str, out: asyncio.Queue[kv.KVChange]) -> None:
+    async for change in kv.watch(bus, bucket=bucket, keys=">"):
+        out.put_nowait(change)
+
+
+async def _until(changes: asyncio.Queue[kv.KVChange], value: bytes) -> list[kv.KVChange]:
+    """Changes up to and including the first with `value`."""
+    seen: list[kv.KVChange] = []
+    while not seen or seen[-1].value != value:
+        seen.append(await changes.get())
+    return seen
+
+
+async def _until_synced(changes: asyncio.Queue[kv.KVChange]) -> list[kv.KVChange]:
+    seen = [await changes.get()]
+    while not seen[-1].synced:
+        seen.append(await changes.get())
+    return seen
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+async def test_kv_watch_restarts_when_its_consumer_is_deleted(nats_settings: NATSSettings):
+    """No reconnect tells the watch: only the heartbeats that stop coming."""
+    settings = dataclasses.replace(nats_settings, watch_heartbeat_s=0.2)
+    async with _connected(settings) as bus:
+        bucket = bus.names.health_bucket
+        stream = bus.names.kv_stream(bucket)
+        await bus.kv_put(bucket, "k", b"old")
+        changes: asyncio.Queue[kv.KVChange] = asyncio.Queue()
+        with structlog.testing.capture_logs() as events:
+            task = asyncio.create_task(_forward(bus, bucket, changes))
+            try:
+                listing = await asyncio.wait_for(_until_synced(changes), 5)
+                assert [c.value for c in listing] == [b"old", None]
+                (consumer,) = await bus.js.consumers_info(stream)
+                # Heartbeats alone keep a quiet watch as it is: no restart, no replay.
+                await asyncio.sleep(1.5)
+                assert changes.empty()
+                await bus.js.delete_consumer(stream, consumer.name)
+                await bus.kv_put(bucket, "k", b"new")
+                seen = await asyncio.wait_for(_until(changes, b"new"), 5)
+                # The new consumer replays the current value and marks the replay done.
+                seen += await asyncio.wait_for(_until_synced(changes), 5)
+            finally:
+                await _cancel(task)
+        assert [c.value for c in seen if not c.synced][-1] == b"new"
+        assert seen[-1].synced
+        (current,) = await bus.js.consumers_info(stream)
+        assert current.name != consumer.name
+    (stalled,) = [e for e in events if e["event"] == "kv_watch_stalled"]
+    assert stalled["bucket"] == bucket
+    assert stalled["waited_s"] >= 0.6
+
+
+async def _watch_hosted_elsewhere(
+    bus: Bus, cluster: NATSCluster, bucket: str, changes: asyncio.Queue[kv.KVChange]
+) -> tuple[asyncio.Task[None], int]:
+    """A synced watch whose consumer's server is not the one this client is connected to,
+    and that server's index."""
+    stream = bus.names.kv_stream(bucket)
+    for _ in range(20):
+        before = {c.name for c in await bus.js.consumers_info(stream)}
+        task = asyncio.create_task(_forward(bus, bucket, changes))
+        await asyncio.wait_for(_until_synced(changes), 10)
+        (consumer,) = [c for c in await bus.js.consumers_info(stream) if c.name not in before]
+        assert consumer.cluster is not None
+        assert consumer.cluster.leader is not None
+        host = int(consumer.cluster.leader.removeprefix("n"))
+        connected = bus.nc.connected_url
+        assert connected is not None
+        if connected.port != cluster.servers[host].port:
+            return task, host
+        await _cancel(task)
+    raise AssertionError("every watch's consumer was on the server this client uses")
+
+
+async def _put_while_electing(bus: Bus, bucket: str, key: str, value: bytes) -> None:
+    """A put, tried again while the bucket's stream has no leader (it may have been on the
+    killed server)."""
+    for _ in range(100):
+        try:
+            await bus.kv_put(bucket, key, value)
+        except BusUnavailableError:
+            await asyncio.sleep(0.2)
+        else:
+            return
+    raise AssertionError(f"no put of {bucket}/{key} went through")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_kv_watch_restarts_when_the_server_of_its_consumer_dies(short_tmp: Path):
+    """On a 3-server cluster the watch's R1 consumer lives on one server; killed while this
+    client is connected to another, the consumer is gone and the connection is not."""
+    cluster = NATSCluster(short_tmp / "nats", size=3)
+    await asyncio.to_thread(cluster.start)
+    try:
+        settings = NATSSettings(url=cluster.url, replicas=3, watch_heartbeat_s=0.3)
+        async with _connected(settings) as bus:
+            bucket = bus.names.health_bucket
+            await bus.kv_put(bucket, "k", b"old")
+            changes: asyncio.Queue[kv.KVChange] = asyncio.Queue()
+            task, host = await _watch_hosted_elsewhere(bus, cluster, bucket, changes)
+            try:
+                reconnects = bus.reconnects
+                await asyncio.to_thread(cluster.kill, host)
+                await _put_while_electing(bus, bucket, "k", b"new")
+                seen = await asyncio.wait_for(_until(changes, b"new"), 30)
+            finally:
+                await _cancel(task)
+            assert bus.reconnects == reconnects  # the connection stayed up throughout
+            assert any(c.synced for c in seen)  # a restarted watch replayed
+    finally:
+        await asyncio.to_thread(cluster.stop)

@@ -44,3 +44,14 @@ def test_same_field_name_in_two_groups_keeps_each_flag_separate():
 def test_bad_env_value_is_a_config_error_naming_the_variable():
     with pytest.raises(ConfigError, match="NATS_CONNECT_TIMEOUT_S"):
         from_args(NATSSettings, _parse([]), {"NATS_CONNECT_TIMEOUT_S": "soon"})
+
+
+def test_watch_heartbeat_comes_from_its_flag_or_env_and_must_be_positive():
+    assert from_args(NATSSettings, _parse([]), {}).watch_heartbeat_s == 20.0
+    args = _parse(["--nats-watch-heartbeat-s", "0.5"])
+    assert from_args(NATSSettings, args, {}).watch_heartbeat_s == 0.5
+    env = {"NATS_WATCH_HEARTBEAT_S": "2"}
+    assert from_args(NATSSettings, _parse([]), env).watch_heartbeat_s == 2.0
+    for bad in ("0", "-1", "nan"):
+        with pytest.raises(ConfigError, match="heartbeat"):
+            from_args(NATSSettings, _parse([]), {"NATS_WATCH_HEARTBEAT_S": bad})
