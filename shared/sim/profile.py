@@ -23,6 +23,9 @@ import yaml
 from shared import quantity
 from shared.errors import ConfigError
 
+# libyaml when PyYAML has it (the wheels do): a profile parses about ten times faster.
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 __all__ = [
     "H100_MIG_PROFILES",
     "SHARED_STEP",
@@ -120,7 +123,7 @@ def load(name_or_path: str) -> SimProfile:
             field="sim_profile",
         ) from exc
     try:
-        document = yaml.safe_load(text)
+        document = yaml.load(text, Loader=_YAML_LOADER)
     except yaml.YAMLError as exc:
         raise ConfigError(f"sim profile {path}: not YAML: {exc}", field="sim_profile") from exc
     return parse(document, source=str(path))

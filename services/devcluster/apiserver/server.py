@@ -7,6 +7,7 @@ Tests use the in-process API (`objects`, `get_object`, `create_object`, `request
 from __future__ import annotations
 
 import dataclasses
+import ssl
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
@@ -73,12 +74,15 @@ class APIServerEmulator:
             raise RuntimeError("apiserver emulator not started")
         return self._url
 
-    async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    async def start(
+        self, host: str = "127.0.0.1", port: int = 0, *, tls: ssl.SSLContext | None = None
+    ) -> None:
+        """Listen on `host:port` (0: a free port); over HTTPS with `tls`, as a real API server."""
         if self._runner is not None:
             raise RuntimeError("apiserver emulator already started")
         runner = web.AppRunner(build_app(self.cluster), access_log=None, shutdown_timeout=1.0)
         await runner.setup()
-        site = web.TCPSite(runner, host, port)
+        site = web.TCPSite(runner, host, port, ssl_context=tls)
         try:
             await site.start()
         except BaseException:
@@ -87,7 +91,7 @@ class APIServerEmulator:
         bound_host, bound_port = runner.addresses[0][:2]
         self._runner = runner
         self.cluster.server_address = f"{bound_host}:{bound_port}"
-        self._url = f"http://{bound_host}:{bound_port}"
+        self._url = f"{'https' if tls else 'http'}://{bound_host}:{bound_port}"
 
     async def stop(self) -> None:
         runner, self._runner = self._runner, None
@@ -108,8 +112,9 @@ class APIServerEmulator:
     ) -> None:
         await self.stop()
 
-    def write_kubeconfig(self, path: str | Path) -> Path:
-        return kubeconfig.write(path, self.url, token=self.config.token)
+    def write_kubeconfig(self, path: str | Path, *, ca_file: str | None = None) -> Path:
+        """A kubeconfig for this server; `ca_file` is the CA that signed its TLS certificate."""
+        return kubeconfig.write(path, self.url, token=self.config.token, ca_file=ca_file)
 
     # In-process access. Objects going in are copied; objects coming out are copies.
 
