@@ -194,8 +194,12 @@ class HealthRecorder:
         stamped.updated_unix_ms = int(now * 1000)
         key = self._bus.names.health_key(self._driver, self._node, device)
         await self._bus.kv_put(self._bus.names.health_bucket, key, codec.encode(stamped))
-        # Uniform in [0.5, 1.5) x refresh_s: the mean stays refresh_s and phases spread out.
-        self._written[device] = (blob, now + self._refresh_s * (0.5 + self._jitter.random()))
+        # A refresh comes uniformly 0.5-1.5 x refresh_s after the last one (the mean stays
+        # refresh_s); the first after a change anywhere within refresh_s, so that records
+        # written together (a fleet's start) spread over the whole period at once.
+        refreshed = written is not None and written[0] == blob
+        spread = 0.5 + self._jitter.random() if refreshed else self._jitter.random()
+        self._written[device] = (blob, now + self._refresh_s * spread)
         self._stale.discard(device)
         if written is None or written[0] != blob:
             log.debug("health_recorded", node=self._node, device=device, state=record.state)
