@@ -103,10 +103,10 @@ def _client_msgs(fleet: Fleet) -> Counter[str]:
     return total
 
 
-def _api_requests(api_url: str, *, clear: bool = False) -> list[dict[str, Any]]:
+def _api_requests(fleet: Fleet, *, clear: bool = False) -> list[dict[str, Any]]:
     method = "DELETE" if clear else "GET"
-    request = urllib.request.Request(f"{api_url}/_emulator/requests", method=method)
-    with urllib.request.urlopen(request, timeout=30) as answer:
+    request = urllib.request.Request(f"{fleet.api_url}/_emulator/requests", method=method)
+    with urllib.request.urlopen(request, timeout=30, context=fleet.api_tls()) as answer:
         return list(json.load(answer).get("items", []))
 
 
@@ -121,16 +121,16 @@ def _start_requests(calls: list[dict[str, Any]], *, nodes: int) -> dict[str, flo
     }
 
 
-async def _steady(fleet: Fleet, api_url: str, *, seconds: float) -> dict[str, float]:
+async def _steady(fleet: Fleet, *, seconds: float) -> dict[str, float]:
     # The first health records and evaluations of a fresh start are not "at rest".
     await asyncio.sleep(_SETTLE_S)
-    _api_requests(api_url, clear=True)
+    _api_requests(fleet, clear=True)
     msgs_before = _client_msgs(fleet)
     await asyncio.sleep(seconds)
     by_agent = _client_msgs(fleet)
     by_agent.subtract(msgs_before)
     msgs = sum(by_agent.values())
-    calls = [r for r in _api_requests(api_url) if r["verb"] != "watch"]
+    calls = [r for r in _api_requests(fleet) if r["verb"] != "watch"]
     writes = [r for r in calls if r["verb"] in ("create", "update", "patch", "delete")]
     per_min = 60.0 / seconds / fleet.nodes
     return {
@@ -256,7 +256,6 @@ async def _dractl_health_all_s(fleet: Fleet) -> float:
 async def measure(*, nodes: int, steady_s: float, workdir: Path) -> dict[str, Any]:
     fleet = Fleet(workdir, nodes)
     await fleet.start_services()
-    api_url = fleet.api_url
     figures: dict[str, Any] = {"scale_nodes": nodes, "scale_devices": nodes * DEVICES_PER_NODE}
     try:
         await fleet.register_nodes()
@@ -268,7 +267,7 @@ async def measure(*, nodes: int, steady_s: float, workdir: Path) -> dict[str, An
         ):
             kube = await KubeClient.connect(fleet.kube_settings)
             stack.push_async_callback(kube.close)
-            _api_requests(api_url, clear=True)
+            _api_requests(fleet, clear=True)
             cpu_before, start = _cpu(fleet), time.monotonic()
             await fleet.run_agents(stack, tg)
 
@@ -280,8 +279,8 @@ async def measure(*, nodes: int, steady_s: float, workdir: Path) -> dict[str, An
             spent = {k: v - cpu_before[k] for k, v in _cpu(fleet).items()}
             figures |= {f"scale_converge_cpu_s_{k}": round(v, 1) for k, v in spent.items()}
             figures["scale_sim_rss_mb_per_node"] = round((rss_mb() - base_rss) / nodes, 3)
-            figures |= _start_requests(_api_requests(api_url), nodes=nodes)
-            await _phases(figures, fleet, bus, api_url=api_url, steady_s=steady_s)
+            figures |= _start_requests(_api_requests(fleet), nodes=nodes)
+            await _phases(figures, fleet, bus, steady_s=steady_s)
             raise _Done
     except* _Done:
         pass
@@ -290,9 +289,7 @@ async def measure(*, nodes: int, steady_s: float, workdir: Path) -> dict[str, An
     return figures
 
 
-async def _phases(
-    figures: dict[str, Any], fleet: Fleet, bus: Bus, *, api_url: str, steady_s: float
-) -> None:
+async def _phases(figures: dict[str, Any], fleet: Fleet, bus: Bus, *, steady_s: float) -> None:
     """The phases after convergence; one that fails is named in `scale_errors`, the others'
     figures stay."""
     errors: list[str] = []
@@ -317,7 +314,7 @@ async def _phases(
         figures["scale_dractl_health_all_s"] = round(await _dractl_health_all_s(fleet), 2)
 
     async def steady() -> None:
-        figures.update(await _steady(fleet, api_url, seconds=steady_s))
+        figures.update(await _steady(fleet, seconds=steady_s))
 
     for phase in (steady, storm, burst, audit, dractl):
         try:
