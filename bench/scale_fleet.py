@@ -1,19 +1,25 @@
-"""The simulated fleet of `make scale`: N nodes in this one process, each running the real
-discovery and health agents (their `open` and `spawn`, every task they run on a node: scan,
-inventory publish, slice reconcile, health evaluate/taint/alert, KV watchers) on the sim
-backend and monitor, and the allocation agent's two KV watchers, against one NATS cluster and
-the API emulator, on the open bus.
+"""The simulated fleet of `make scale`: N nodes, each running the real discovery and health
+agents (their `open` and `spawn`, every task they run on a node: scan, inventory publish, slice
+reconcile, health evaluate/taint/alert, KV watchers) on the sim backend and monitor, and the
+allocation agent's two KV watchers, against one NATS cluster and the API emulator, on the open
+bus.
 
-The processes around it (a 3-server NATS cluster, the API emulator) are started here too, and
-the CPU each of them uses is read from /proc, so that the bottleneck can be named.
+Many nodes share a worker process (`python -m bench.scale_fleet --first F --count C ...`, at
+most `NODES_PER_WORKER` each: a node holds 5 sockets, and a process may open 20,000 files on
+this machine). The processes around them (a 3-server NATS cluster, the API emulator) are
+started here too, and the CPU each of them uses is read from /proc, so that the bottleneck can
+be named.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
+import signal
 import ssl
 import sys
 import urllib.request
@@ -32,18 +38,22 @@ from services.discovery.agent import DiscoveryAgent
 from services.discovery.config import DiscoveryConfig
 from services.health.agent import HealthAgent
 from services.health.config import HealthConfig
+from shared import logging
 from shared.bus.connection import Bus
-from shared.config import KubeSettings, NATSSettings, OpsSettings
+from shared.config import KubeSettings, LogSettings, NATSSettings, OpsSettings
 from shared.kube import resources
 from shared.kube.client import KubeClient
 from shared.supervisor import eternal
 
-__all__ = ["DRIVER", "PROFILE", "Fleet", "cpu_s", "rss_mb"]
+__all__ = ["DRIVER", "NODES_PER_WORKER", "PROFILE", "Fleet", "NodeAgents", "cpu_s", "rss_mb"]
 
 DRIVER = "sim.dra-suite.io"
 PROFILE = Path(__file__).parents[1] / "shared" / "sim" / "profiles" / "ascend-910b.yaml"
 """8 NPUs per node."""
 _START_CONCURRENCY = 200
+"""Nodes of one worker opening their agents at a time."""
+NODES_PER_WORKER = 1250
+_WORKER_READY = "worker_started"
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -70,7 +80,9 @@ class Fleet:
     nodes: int
     nats: NATSCluster = field(init=False)
     apiserver: ChildProcess | None = None
-    agents: list[DiscoveryAgent | HealthAgent] = field(default_factory=list)
+    workers: list[ChildProcess] = field(default_factory=list)
+    worker_base_rss_mb: float = 0.0
+    """What the workers held before their first node (the interpreter and libraries)."""
     api_url: str = ""
     api_ca: Path = field(init=False)
 
@@ -154,10 +166,67 @@ class Fleet:
         finally:
             await kube.close()
 
+    async def start_workers(self) -> None:
+        """Start the workers, each opening its nodes' agents; return once all are started."""
+        workers = math.ceil(self.nodes / NODES_PER_WORKER)
+        for index in range(workers):
+            first = index * self.nodes // workers
+            count = (index + 1) * self.nodes // workers - first
+            worker = ChildProcess(
+                name=f"worker-{index}",
+                argv=[
+                    sys.executable,
+                    "-m",
+                    "bench.scale_fleet",
+                    *("--first", str(first), "--count", str(count)),
+                    *("--nats-url", self.nats.url, "--kubeconfig", str(self.kubeconfig)),
+                    *("--workdir", str(self.workdir)),
+                ],
+                log_path=self.workdir / f"worker-{index}.log",
+            )
+            await worker.start()
+            self.workers.append(worker)
+        for worker in self.workers:
+            line = await worker.read_line_until(_WORKER_READY, timeout_s=600)
+            self.worker_base_rss_mb += float(line.split("base_rss_mb=", 1)[1])
+
+    def worker_pids(self) -> list[int]:
+        return [w.pid for w in self.workers if w.pid is not None]
+
+    def varz(self) -> list[dict[str, Any]]:
+        """Each server's /varz (messages, bytes, memory)."""
+        found = []
+        for port in self.nats.monitor_ports:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/varz", timeout=5) as answer:
+                found.append(json.load(answer))
+        return found
+
+    def nats_pids(self) -> list[int]:
+        return [s.pid for s in self.nats.servers if s.pid is not None]
+
+    async def stop_services(self) -> None:
+        for worker in self.workers:
+            await worker.stop(grace_s=30.0)
+        if self.apiserver is not None:
+            await self.apiserver.stop()
+        await asyncio.to_thread(self.nats.stop)
+
+
+@dataclass
+class NodeAgents:
+    """The agents of nodes `first` .. `first + count - 1`, in this process."""
+
+    nats: NATSSettings
+    kube: KubeSettings
+    workdir: Path
+    first: int
+    count: int
+    agents: list[DiscoveryAgent | HealthAgent] = field(default_factory=list)
+
     def _agents_of(self, index: int) -> list[DiscoveryAgent | HealthAgent]:
         common: dict[str, Any] = {
-            "nats": self.nats_settings,
-            "kube": self.kube_settings,
+            "nats": self.nats,
+            "kube": self.kube,
             "ops": OpsSettings(ops_port=0),
             "node_name": node_name(index),
             "driver_name": DRIVER,
@@ -181,7 +250,7 @@ class Fleet:
                     self.agents.append(agent)
                 self._allocation_watchers(index, resources, tg)
 
-        await asyncio.gather(*(start(i) for i in range(self.nodes)))
+        await asyncio.gather(*(start(i) for i in range(self.first, self.first + self.count)))
 
     def _allocation_watchers(
         self, index: int, resources: contextlib.AsyncExitStack, tg: asyncio.TaskGroup
@@ -189,7 +258,7 @@ class Fleet:
         """The allocation agent's KV watchers (inventory, health) on its own connection, as
         the agent runs them; its kubelet front has no work at rest and is not simulated."""
         node = node_name(index)
-        bus = Bus(self.nats_settings, name=f"dra-allocation/{node}", component="allocation")
+        bus = Bus(self.nats, name=f"dra-allocation/{node}", component="allocation")
         resources.push_async_callback(bus.close)
         board = HealthBoard(pool=node)
         cache = InventoryCache(self.workdir / "inventory" / node, driver=DRIVER, node=node)
@@ -203,18 +272,46 @@ class Fleet:
         for name, coro in tasks.items():
             tg.create_task(eternal(name, coro), name=f"{name}/{node}")
 
-    def varz(self) -> list[dict[str, Any]]:
-        """Each server's /varz (messages, bytes, memory)."""
-        found = []
-        for port in self.nats.monitor_ports:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/varz", timeout=5) as answer:
-                found.append(json.load(answer))
-        return found
 
-    def nats_pids(self) -> list[int]:
-        return [s.pid for s in self.nats.servers if s.pid is not None]
+async def _serve_nodes(nodes: NodeAgents) -> None:
+    """Open the nodes' agents, say so on stdout, and run them until SIGTERM."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    base = rss_mb()
+    try:
+        async with contextlib.AsyncExitStack() as resources, asyncio.TaskGroup() as tg:
+            await nodes.run_agents(resources, tg)
+            print(f"{_WORKER_READY} base_rss_mb={base:.1f}", flush=True)
+            await stop.wait()
+            raise _Stopped
+    except* _Stopped:
+        pass
 
-    async def stop_services(self) -> None:
-        if self.apiserver is not None:
-            await self.apiserver.stop()
-        await asyncio.to_thread(self.nats.stop)
+
+class _Stopped(Exception):
+    """Ends the worker's TaskGroup (its tasks are eternal)."""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="bench.scale_fleet", description="one fleet worker")
+    parser.add_argument("--first", type=int, required=True)
+    parser.add_argument("--count", type=int, required=True)
+    parser.add_argument("--nats-url", required=True)
+    parser.add_argument("--kubeconfig", type=Path, required=True)
+    parser.add_argument("--workdir", type=Path, required=True)
+    args = parser.parse_args()
+    logging.configure(LogSettings(level="error", format="console"), service="scale-worker")
+    nodes = NodeAgents(
+        nats=NATSSettings(url=args.nats_url, replicas=3, request_timeout_s=10.0),
+        kube=KubeSettings(kubeconfig=str(args.kubeconfig), request_timeout_s=30.0),
+        workdir=args.workdir,
+        first=args.first,
+        count=args.count,
+    )
+    asyncio.run(_serve_nodes(nodes))
+
+
+if __name__ == "__main__":
+    main()
