@@ -56,6 +56,9 @@ class StackConfig:
     nats_cluster: int = 1
     """nats-servers: 1, or a JetStream cluster on loopback whose buckets get that many
     replicas (`--nats-cluster 3`)."""
+    nats_watch_heartbeat_s: float | None = None
+    """The agents' `--nats-watch-heartbeat-s`; None: their default. A test that kills servers
+    sets a short one, so a watch whose consumer died restarts within seconds."""
     extra_args: tuple[tuple[str, tuple[str, ...]], ...] = ()
     """More flags per agent, e.g. `(("health", ("--kube-request-timeout-s", "1")),)`."""
     cdi_dir: Path | None = None
@@ -195,6 +198,8 @@ class LocalStack:
             argv += ["--nats-namespace", cfg.nats_namespace]
         if cfg.nats_cluster > 1:
             argv += ["--nats-replicas", str(cfg.nats_cluster)]
+        if cfg.nats_watch_heartbeat_s is not None:
+            argv += ["--nats-watch-heartbeat-s", str(cfg.nats_watch_heartbeat_s)]
         argv += ["--ops-host", "127.0.0.1", "--ops-port", str(self.ops_port(agent))]
         if agent in ("discovery", "health"):
             argv += ["--sim-profile", cfg.sim_profile]
