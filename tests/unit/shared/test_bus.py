@@ -174,10 +174,12 @@ async def _forward(bus: Bus, bucket: str, out: asyncio.Queue[kv.KVChange]) -> No
         out.put_nowait(change)
 
 
-async def _until(changes: asyncio.Queue[kv.KVChange], value: bytes) -> list[kv.KVChange]:
-    """Changes up to and including the first with `value`."""
+async def _until_replayed(changes: asyncio.Queue[kv.KVChange], value: bytes) -> list[kv.KVChange]:
+    """Changes up to `value` and a synced marker, whichever comes last: a watch restarted
+    before `value` was put replays, marks the replay done, then delivers `value`; one
+    restarted after replays `value`, then marks the replay done."""
     seen: list[kv.KVChange] = []
-    while not seen or seen[-1].value != value:
+    while not (any(c.value == value for c in seen) and any(c.synced for c in seen)):
         seen.append(await changes.get())
     return seen
 
@@ -214,13 +216,10 @@ async def test_kv_watch_restarts_when_its_consumer_is_deleted(nats_settings: NAT
                 assert changes.empty()
                 await bus.js.delete_consumer(stream, consumer.name)
                 await bus.kv_put(bucket, "k", b"new")
-                seen = await asyncio.wait_for(_until(changes, b"new"), 5)
-                # The new consumer replays the current value and marks the replay done.
-                seen += await asyncio.wait_for(_until_synced(changes), 5)
+                seen = await asyncio.wait_for(_until_replayed(changes, b"new"), 5)
             finally:
                 await _cancel(task)
         assert [c.value for c in seen if not c.synced][-1] == b"new"
-        assert seen[-1].synced
         (current,) = await bus.js.consumers_info(stream)
         assert current.name != consumer.name
     (stalled,) = [e for e in events if e["event"] == "kv_watch_stalled"]
@@ -281,10 +280,11 @@ async def test_kv_watch_restarts_when_the_server_of_its_consumer_dies(short_tmp:
                 reconnects = bus.reconnects
                 await asyncio.to_thread(cluster.kill, host)
                 await _put_while_electing(bus, bucket, "k", b"new")
-                seen = await asyncio.wait_for(_until(changes, b"new"), 30)
+                # The synced marker: a restarted watch, not the old consumer.
+                seen = await asyncio.wait_for(_until_replayed(changes, b"new"), 30)
             finally:
                 await _cancel(task)
             assert bus.reconnects == reconnects  # the connection stayed up throughout
-            assert any(c.synced for c in seen)  # a restarted watch replayed
+            assert [c.value for c in seen if not c.synced][-1] == b"new"
     finally:
         await asyncio.to_thread(cluster.stop)
