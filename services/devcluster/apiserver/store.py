@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,10 +40,16 @@ class Event:
 
 
 class Watcher:
-    """One open watch: events for its storage key arrive on `queue`; None means closed."""
+    """One open watch: events for its storage key arrive on `queue`; None means closed.
 
-    def __init__(self, storage: str) -> None:
+    `accepts` keeps out, at the write, the events this watch would not show (another node's
+    object under a field selector): a fleet of watchers then costs a write one predicate call
+    each, not a queued event and a wakeup each.
+    """
+
+    def __init__(self, storage: str, accepts: Callable[[Event], bool] | None = None) -> None:
         self.storage = storage
+        self.accepts = accepts
         self.queue: asyncio.Queue[Event | None] = asyncio.Queue()
 
     def close(self) -> None:
@@ -63,7 +69,8 @@ class Store:
         self._objects: dict[str, dict[Key, dict[str, Any]]] = {}
         self._history: deque[Event] = deque(maxlen=history)
         self._evicted = False
-        self._watchers: set[Watcher] = set()
+        self._watchers: dict[str, set[Watcher]] = {}
+        """Open watches by storage key."""
 
     def get(self, storage: str, namespace: str, name: str) -> dict[str, Any] | None:
         return self._objects.get(storage, {}).get((namespace, name))
@@ -102,37 +109,42 @@ class Store:
         if len(self._history) == self._history.maxlen:
             self._evicted = True
         self._history.append(event)
-        for watcher in self._watchers:
-            if watcher.storage == event.storage:
+        for watcher in self._watchers.get(event.storage, ()):
+            if watcher.accepts is None or watcher.accepts(event):
                 watcher.queue.put_nowait(event)
 
-    def watch(self, storage: str, since: int) -> tuple[list[Event], Watcher]:
+    def watch(
+        self, storage: str, since: int, accepts: Callable[[Event], bool] | None = None
+    ) -> tuple[list[Event], Watcher]:
         """Events after resourceVersion `since` plus a live subscription; raises GoneError."""
         if self._evicted and self._history and since < self._history[0].rv - 1:
             raise GoneError(since, self._history[0].rv - 1)
         backlog = [e for e in self._history if e.rv > since and e.storage == storage]
-        watcher = Watcher(storage)
-        self._watchers.add(watcher)
-        return backlog, watcher
+        return backlog, self.subscribe(storage, accepts)
 
-    def subscribe(self, storage: str) -> Watcher:
-        watcher = Watcher(storage)
-        self._watchers.add(watcher)
+    def subscribe(self, storage: str, accepts: Callable[[Event], bool] | None = None) -> Watcher:
+        watcher = Watcher(storage, accepts)
+        self._watchers.setdefault(storage, set()).add(watcher)
         return watcher
 
     def unwatch(self, watcher: Watcher) -> None:
-        self._watchers.discard(watcher)
+        watchers = self._watchers.get(watcher.storage)
+        if watchers is not None:
+            watchers.discard(watcher)
+            if not watchers:
+                del self._watchers[watcher.storage]
 
     def close_watches(self) -> int:
         """End every open watch stream; returns how many were open."""
-        watchers, self._watchers = self._watchers, set()
-        for watcher in watchers:
+        watchers, self._watchers = self._watchers, {}
+        closed = [watcher for group in watchers.values() for watcher in group]
+        for watcher in closed:
             watcher.close()
-        return len(watchers)
+        return len(closed)
 
     @property
     def open_watches(self) -> int:
-        return len(self._watchers)
+        return sum(len(group) for group in self._watchers.values())
 
 
 def _key(obj: dict[str, Any]) -> Key:

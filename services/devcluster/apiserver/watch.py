@@ -64,14 +64,18 @@ def _start(
 ) -> tuple[list[bytes], Watcher]:
     """Initial lines and the subscription, taken together with no await in between."""
     rv = options.resource_version
+
+    def shown(event: Event) -> bool:
+        return _translate(event, rt, selection) is not None
+
     if rv in ("", "0") or options.send_initial_events:
         lines = [_line("ADDED", obj) for obj in matching(store, rt, selection)]
         if options.send_initial_events and options.bookmarks:
             lines.append(_bookmark(rt, store.rv, initial_end=True))
-        return lines, store.subscribe(rt.storage)
+        return lines, store.subscribe(rt.storage, shown)
     if not rv.isdigit():
         raise errors.bad_request(f"invalid resource version: {rv!r}")
-    backlog, watcher = store.watch(rt.storage, int(rv))
+    backlog, watcher = store.watch(rt.storage, int(rv), shown)
     translated = (_translate(e, rt, selection) for e in backlog)
     return [_line(t, o) for t, o in filter(None, translated)], watcher
 

@@ -14,6 +14,7 @@ from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from services.devcluster.apiserver import APIServerEmulator, ClusterConfig
+from services.devcluster.apiserver.store import Store
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
@@ -186,3 +187,22 @@ async def test_closing_watches_over_http_ends_open_streams(http, apiserver):
             assert (await closed.json())["closed"] == 1
         assert await asyncio.wait_for(response.content.read(), 5) == b""
     assert apiserver.store.open_watches == 0
+
+
+def test_a_selective_watcher_is_handed_only_the_events_it_accepts():
+    store = Store(history=100)
+    mine = store.subscribe("resourceslices", lambda event: event.obj["spec"]["nodeName"] == "a")
+    every = store.subscribe("resourceslices")
+    other = store.subscribe("nodes")
+    for node in ("a", "b", "c"):
+        slice_ = {"metadata": {"name": f"s-{node}"}, "spec": {"nodeName": node}}
+        store.put("resourceslices", slice_, event_type="ADDED")
+    assert [mine.queue.get_nowait().obj["metadata"]["name"]] == ["s-a"]
+    assert mine.queue.empty()
+    assert every.queue.qsize() == 3
+    assert other.queue.empty()
+    assert store.open_watches == 3
+    store.unwatch(every)
+    assert store.open_watches == 2
+    assert store.close_watches() == 2
+    assert mine.queue.get_nowait() is None
