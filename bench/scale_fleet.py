@@ -282,12 +282,21 @@ async def _serve_nodes(nodes: NodeAgents) -> None:
     base = rss_mb()
     try:
         async with contextlib.AsyncExitStack() as resources, asyncio.TaskGroup() as tg:
+            tg.create_task(_stop_when_orphaned(stop))
             await nodes.run_agents(resources, tg)
             print(f"{_WORKER_READY} base_rss_mb={base:.1f}", flush=True)
             await stop.wait()
             raise _Stopped
     except* _Stopped:
         pass
+
+
+async def _stop_when_orphaned(stop: asyncio.Event) -> None:
+    """A worker whose `make scale` died (killed, Ctrl-C) stops instead of reconnecting forever."""
+    parent = os.getppid()
+    while os.getppid() == parent:  # noqa: ASYNC110 (no event tells a process its parent died)
+        await asyncio.sleep(1.0)
+    stop.set()
 
 
 class _Stopped(Exception):
