@@ -167,7 +167,8 @@ class HealthConfig:
     health_refresh_s: float = setting(
         600.0,
         flag="--health-refresh-s",
-        help="Mean seconds between rewrites of an unchanged health record (each jittered by up to half).",
+        help="Mean seconds between rewrites of an unchanged health record (jittered by up "
+        "to half).",
     )
     """Unchanged records are rewritten about this often, so `updated_unix_ms` shows the agent
     is alive (a record older than twice this says it is not). A change is written at once; at
