@@ -51,7 +51,8 @@ DRIVER = "sim.dra-suite.io"
 PROFILE = Path(__file__).parents[1] / "shared" / "sim" / "profiles" / "ascend-910b.yaml"
 """8 NPUs per node."""
 _START_CONCURRENCY = 200
-"""Nodes of one worker opening their agents at a time."""
+"""Nodes opening their agents at a time, over all workers: more only queue for the CPU until
+their API and NATS requests time out, and retry."""
 NODES_PER_WORKER = 1250
 _WORKER_READY = "worker_started"
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -181,6 +182,7 @@ class Fleet:
                     *("--first", str(first), "--count", str(count)),
                     *("--nats-url", self.nats.url, "--kubeconfig", str(self.kubeconfig)),
                     *("--workdir", str(self.workdir)),
+                    *("--start-concurrency", str(max(1, _START_CONCURRENCY // workers))),
                 ],
                 log_path=self.workdir / f"worker-{index}.log",
             )
@@ -221,6 +223,7 @@ class NodeAgents:
     workdir: Path
     first: int
     count: int
+    start_concurrency: int = _START_CONCURRENCY
     agents: list[DiscoveryAgent | HealthAgent] = field(default_factory=list)
 
     def _agents_of(self, index: int) -> list[DiscoveryAgent | HealthAgent]:
@@ -240,7 +243,7 @@ class NodeAgents:
     async def run_agents(self, resources: contextlib.AsyncExitStack, tg: asyncio.TaskGroup) -> None:
         """Open every node's agents (a few at a time: each connects to NATS and the API) and
         spawn their tasks in `tg`."""
-        gate = asyncio.Semaphore(_START_CONCURRENCY)
+        gate = asyncio.Semaphore(self.start_concurrency)
 
         async def start(index: int) -> None:
             async with gate:
@@ -310,6 +313,7 @@ def main() -> None:
     parser.add_argument("--nats-url", required=True)
     parser.add_argument("--kubeconfig", type=Path, required=True)
     parser.add_argument("--workdir", type=Path, required=True)
+    parser.add_argument("--start-concurrency", type=int, default=_START_CONCURRENCY)
     args = parser.parse_args()
     logging.configure(LogSettings(level="error", format="console"), service="scale-worker")
     nodes = NodeAgents(
@@ -318,6 +322,7 @@ def main() -> None:
         workdir=args.workdir,
         first=args.first,
         count=args.count,
+        start_concurrency=args.start_concurrency,
     )
     asyncio.run(_serve_nodes(nodes))
 

@@ -93,6 +93,10 @@ class NATSServerProcess:
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
 
+    def log_text(self) -> str:
+        """What the server has logged so far (its first 10,000 lines)."""
+        return "".join(list(self._log_lines))
+
     @property
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None

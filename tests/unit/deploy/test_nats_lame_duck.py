@@ -44,6 +44,13 @@ def _server(tmp_path: Path) -> NATSServerProcess:
     return server
 
 
+async def _until_logged(server: NATSServerProcess, text: str, *, timeout_s: float) -> None:
+    started = time.monotonic()
+    while text not in server.log_text():
+        assert time.monotonic() - started < timeout_s, f"nats-server never logged {text!r}"
+        await asyncio.sleep(0.02)
+
+
 async def _wait_stopped(server: NATSServerProcess, timeout_s: float) -> float:
     started = time.monotonic()
     while server.running:
@@ -71,6 +78,9 @@ async def test_pre_stop_makes_the_server_close_its_clients_before_it_exits(
         assert server.pid is not None
         hook = await asyncio.create_subprocess_exec(*_pre_stop(server.pid))
         assert await asyncio.wait_for(hook.wait(), timeout=10) == 0
+        # The hook only sends SIGUSR2; on a loaded machine the server may not have acted on it
+        # yet when the hook returns, while the kubelet takes its time to send SIGTERM.
+        await _until_logged(server, "Entering lame duck mode", timeout_s=10)
         os.kill(server.pid, signal.SIGTERM)  # what the kubelet sends once the hook returned
         await asyncio.sleep(GRACE_S / 2)
         assert server.running, "lame duck ignores SIGTERM"
