@@ -84,6 +84,7 @@ async def run_load(target: LoadTarget, plan: LoadPlan, *, stop: asyncio.Event, o
         async with open_bus(settings, timeout_s=30.0) as bus:
             await kubelet.register(driver=target.driver, timeout_s=60.0)
             await _ensure_device_class(kube, driver=target.driver)
+            await _pool_published(kube, driver=target.driver, node=target.node)
             state = _Round(bus, kube, kubelet, target, out)
             number = 0
             while not stop.is_set() and (plan.rounds == 0 or number < plan.rounds):
@@ -96,6 +97,22 @@ async def run_load(target: LoadTarget, plan: LoadPlan, *, stop: asyncio.Event, o
         await kubelet.close()
         await kube.close()
     return 0 if failures == 0 else 1
+
+
+async def _pool_published(kube: KubeClient, *, driver: str, node: str) -> None:
+    """Until the node's pool is whole in the API: on a stack just started, the discovery agent
+    may not have published it yet, and a claim would find no devices."""
+    selector = f"spec.nodeName={node},spec.driver={driver}"
+
+    async def whole() -> bool | None:
+        items = (await kube.list(resources.RESOURCE_SLICES, field_selector=selector))["items"]
+        if not items:
+            return None
+        newest = max(int(s["spec"]["pool"]["generation"]) for s in items)
+        current = [s for s in items if int(s["spec"]["pool"]["generation"]) == newest]
+        return len(current) == int(current[0]["spec"]["pool"]["resourceSliceCount"]) or None
+
+    await flow.eventually(whole, what=f"the ResourceSlices of {node}", timeout_s=60.0)
 
 
 async def _ensure_device_class(kube: KubeClient, *, driver: str) -> None:

@@ -52,7 +52,17 @@ async def _inject(node: ReliabilityNode, device: str, *, clear: bool = False) ->
 
 
 async def _has_stream(node: ReliabilityNode) -> bool:
-    return node.bus.names.alerts_stream in await _replicas(node)
+    try:
+        return node.bus.names.alerts_stream in await _replicas(node)
+    except nats.errors.TimeoutError:
+        return False  # a JetStream API call of a loaded cluster timed out: ask again
+
+
+async def _all_replicas(node: ReliabilityNode) -> dict[str, int] | None:
+    try:
+        return await _replicas(node)
+    except nats.errors.TimeoutError:
+        return None
 
 
 async def _converged(node: ReliabilityNode) -> set[str]:
@@ -138,7 +148,7 @@ async def test_each_server_killed_in_turn_loses_no_alert_taint_or_prepare(node: 
         names.alerts_stream,
         config=api.ConsumerConfig(durable_name=AUDIT, ack_policy=api.AckPolicy.EXPLICIT),
     )
-    replicas = await _replicas(node)
+    replicas = await until(lambda: _all_replicas(node), what="the streams' replicas")
     assert set(replicas.values()) == {SERVERS}, replicas
     assert names.alerts_stream in replicas
 
