@@ -265,13 +265,7 @@ class NodeAgents:
         resources.push_async_callback(bus.close)
         board = HealthBoard(pool=node)
         cache = InventoryCache(self.workdir / "inventory" / node, driver=DRIVER, node=node)
-        tasks = {
-            "bus-connector": bus.run(),
-            "inventory-watcher": watchers.inventory_watcher(
-                bus, cache=cache, board=board, driver=DRIVER, node=node
-            ),
-            "health-watcher": watchers.health_watcher(bus, board=board, driver=DRIVER, node=node),
-        }
+        tasks = watchers.node_view_tasks(bus, cache=cache, board=board, driver=DRIVER, node=node)
         for name, coro in tasks.items():
             tg.create_task(eternal(name, coro), name=f"{name}/{node}")
 

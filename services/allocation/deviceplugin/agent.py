@@ -89,12 +89,8 @@ class DevicePluginAgent:
     def spawn(self, tg: asyncio.TaskGroup) -> None:
         driver, node = self.config.driver_name, self.config.node_name
         tasks = {
-            "bus-connector": self.bus.run(),
-            "inventory-watcher": watchers.inventory_watcher(
+            **watchers.node_view_tasks(
                 self.bus, cache=self.inventory, board=self.board, driver=driver, node=node
-            ),
-            "health-watcher": watchers.health_watcher(
-                self.bus, board=self.board, driver=driver, node=node
             ),
             "device-plugin-front": self.front.run(),
         }

@@ -8,6 +8,9 @@ the last good value stays in force.
 
 from __future__ import annotations
 
+from collections.abc import Coroutine
+from typing import Any
+
 import structlog
 
 from services.allocation.node_view.health_board import HealthBoard
@@ -17,9 +20,23 @@ from shared.bus.connection import Bus
 from shared.errors import MalformedMessageError
 from shared.pb.drasuite.v1 import health_pb2, inventory_pb2
 
-__all__ = ["health_watcher", "inventory_watcher"]
+__all__ = ["health_watcher", "inventory_watcher", "node_view_tasks"]
 
 log = structlog.get_logger(__name__)
+
+
+def node_view_tasks(
+    bus: Bus, *, cache: InventoryCache, board: HealthBoard, driver: str, node: str
+) -> dict[str, Coroutine[Any, Any, None]]:
+    """The eternal tasks behind either kubelet front, by task name: the bus connection and
+    the two watchers that keep `cache` and `board` on the node's keys."""
+    return {
+        "bus-connector": bus.run(),
+        "inventory-watcher": inventory_watcher(
+            bus, cache=cache, board=board, driver=driver, node=node
+        ),
+        "health-watcher": health_watcher(bus, board=board, driver=driver, node=node),
+    }
 
 
 async def inventory_watcher(
