@@ -19,6 +19,7 @@ from services.devcluster.natsserver import NATSServerError, NATSServerProcess
 __all__ = ["NATSCluster", "free_port"]
 
 CLUSTER_NAME = "dra-dev"
+_PORT_ATTEMPTS = 3
 
 
 def free_port() -> int:
@@ -41,6 +42,14 @@ class NATSCluster:
     ) -> None:
         if size < 1:
             raise ValueError(f"a cluster needs at least one server, not {size}")
+        self._root, self._size = root, size
+        self._auth, self._own_process_group = auth, own_process_group
+        self._assign_ports()
+
+    def _assign_ports(self) -> None:
+        """Free ports for every server's clients, routes and monitoring (routes name them
+        all up front, so the servers cannot pick their own)."""
+        size, root = self._size, self._root
         route_ports = [free_port() for _ in range(size)]
         self.monitor_ports = [free_port() for _ in range(size)]
         routes = ",".join(f"nats://127.0.0.1:{port}" for port in route_ports)
@@ -48,8 +57,8 @@ class NATSCluster:
             NATSServerProcess(
                 root / f"n{index}",
                 port=free_port(),
-                auth=auth,
-                own_process_group=own_process_group,
+                auth=self._auth,
+                own_process_group=self._own_process_group,
                 extra_args=(
                     *("--server_name", f"n{index}", "--cluster_name", CLUSTER_NAME),
                     *("--cluster", f"nats://127.0.0.1:{route_ports[index]}"),
@@ -73,14 +82,19 @@ class NATSCluster:
         """Start every server, then wait until each one's JetStream is healthy (the cluster
         elected its meta leader): before that, creating a bucket times out."""
         deadline = time.monotonic() + timeout_s
-        try:
-            for server in self.servers:
-                server.start(timeout_s=max(1.0, deadline - time.monotonic()))
-            for index in range(len(self.servers)):
-                self.wait_healthy(index, timeout_s=max(1.0, deadline - time.monotonic()))
-        except NATSServerError:
-            self.stop()
-            raise
+        for attempt in range(_PORT_ATTEMPTS):
+            try:
+                for server in self.servers:
+                    server.start(timeout_s=max(1.0, deadline - time.monotonic()))
+                for index in range(len(self.servers)):
+                    self.wait_healthy(index, timeout_s=max(1.0, deadline - time.monotonic()))
+                return
+            except NATSServerError as exc:
+                self.stop()
+                # A port found free was taken by another process before the server bound it.
+                if "address already in use" not in str(exc) or attempt == _PORT_ATTEMPTS - 1:
+                    raise
+                self._assign_ports()
 
     def healthy(self, index: int) -> bool:
         """nats-server's /healthz: the server is up and its JetStream current with the cluster."""
