@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv test unit integration e2e reliability lint fmt protos demo up bench scale check clean
+.PHONY: k8s test-k8s venv test unit integration e2e reliability lint fmt protos demo up bench scale check clean
 
 venv: $(STAMP)
 
@@ -68,6 +68,16 @@ bench: venv
 ## and health agents against a 3-server NATS cluster and the API emulator; scale_* figures.
 scale: venv
 	$(BIN)/python -m bench.scale --out bench/results.json $(if $(NODES),--nodes $(NODES)) $(if $(STEADY_S),--steady-s $(STEADY_S))
+
+## The real control plane (kube-apiserver, kube-scheduler, kube-controller-manager, etcd) built
+## from the Go module proxy into ~/.cache/dra-suite/k8s, once per machine: `make k8s K8S=1.34`,
+## `make k8s K8S=all`; the newest supported minor by default. Needs Go 1.26+.
+k8s: venv
+	$(BIN)/python -m services.devcluster.controlplane $(K8S)
+
+## The tests on the real control plane of one minor (`make test-k8s K8S=1.34`); builds it first.
+test-k8s: k8s
+	K8S=$(K8S) $(BIN)/pytest -q tests/k8s
 
 check: lint test
 

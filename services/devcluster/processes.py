@@ -26,6 +26,8 @@ class ChildProcess:
     env: dict[str, str] = field(default_factory=dict)
     own_process_group: bool = True
     """Start it in a process group of its own (the terminal's signals pass it by)."""
+    capture_stdout: bool = True
+    """Stdout as a pipe for `read_line_until`; False sends it to the log with stderr."""
     _process: asyncio.subprocess.Process | None = None
     _log: IO[bytes] | None = None
 
@@ -34,7 +36,7 @@ class ChildProcess:
         self._log = self.log_path.open("ab")
         self._process = await asyncio.create_subprocess_exec(
             *self.argv,
-            stdout=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE if self.capture_stdout else self._log,
             stderr=self._log,
             env=self.env or None,
             process_group=0 if self.own_process_group else None,
