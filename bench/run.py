@@ -21,6 +21,7 @@ from bench.explain import measure_explain
 from bench.health import measure_health
 from bench.huge_call import measure_huge_call
 from bench.image_size import measure_image_size
+from bench.k8s import measure_k8s
 from bench.nats_auth import measure_nats_auth
 from bench.prepare import measure_prepare
 from bench.slices import measure_slices
@@ -46,6 +47,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         nats_auth = await measure_nats_auth(workdir=Path(tmp) / "nats-auth")
         explain = await measure_explain()
         image = await asyncio.to_thread(measure_image_size)
+        k8s = await measure_k8s()
     return {
         **agent_rss,
         **figures.as_results(),
@@ -58,6 +60,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         **nats_auth.as_results(),
         **explain,
         **image,
+        **k8s,
     }
 
 

@@ -6,8 +6,11 @@ serviceaccount, pod and node), bound to a Pod (its node from `spec.nodeName`) or
 `POST /apis/authentication.k8s.io/v1/tokenreviews` answers like kube: the user, groups and
 `extra` (node-name/uid, pod-name/uid, credential-id), the audiences that matched, or
 `authenticated: false` with an error (bad signature, expired, wrong audience, deleted
-ServiceAccount or Pod). Tokens are HS256 with a per-cluster secret: only this emulator
-verifies them. Bodies are checked against the published schemas like every other write.
+ServiceAccount or Pod). Tokens are RS256 with the cluster's own RSA key, and the key is
+published as kube-apiserver publishes it: OIDC discovery at `/.well-known/openid-configuration`
+and the key set at `/openid/v1/jwks` (served only as `application/jwk-set+json`; another
+`Accept` is answered 406, as kube does), so a local signature check works against both.
+Bodies are checked against the published schemas like every other write.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from services.devcluster.apiserver import errors
 from services.devcluster.apiserver.handlers import CLUSTER, json_response
 from services.devcluster.apiserver.schema import schema_set
 from services.devcluster.apiserver.store import Store
-from services.devcluster.apiserver.tokensigner import ISSUER, TokenIssuer
+from services.devcluster.apiserver.tokensigner import ALGORITHM, ISSUER, TokenIssuer
 
 __all__ = ["routes"]
 
@@ -162,8 +165,36 @@ async def _token_review(request: web.Request) -> web.Response:
     return json_response(body, status=201)
 
 
+_JWKS_TYPE = "application/jwk-set+json"
+JWKS_PATH = "/openid/v1/jwks"
+DISCOVERY_PATH = "/.well-known/openid-configuration"
+
+
+async def _openid_configuration(request: web.Request) -> web.Response:
+    document = {
+        "issuer": ISSUER,
+        "jwks_uri": f"{request.scheme}://{request.host}{JWKS_PATH}",
+        "response_types_supported": ["id_token"],
+        "subject_types_supported": ["public"],
+        "id_token_signing_alg_values_supported": [ALGORITHM],
+    }
+    return json_response(document, status=200)
+
+
+async def _jwks(request: web.Request) -> web.Response:
+    accept = request.headers.get("Accept", "*/*")
+    wanted = {part.split(";")[0].strip() for part in accept.split(",")}
+    if not wanted & {_JWKS_TYPE, "*/*", "application/*"}:
+        text = f"406: Not Acceptable\n\nAvailable representations: {_JWKS_TYPE}"
+        return web.Response(status=406, text=text)
+    issuer: TokenIssuer = request.app[CLUSTER].tokens
+    return web.json_response(issuer.jwks(), content_type=_JWKS_TYPE)
+
+
 def routes() -> list[web.RouteDef]:
     return [
+        web.get(DISCOVERY_PATH, _openid_configuration),
+        web.get(JWKS_PATH, _jwks),
         web.post("/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token", _token_request),
         web.post("/apis/authentication.k8s.io/v1/tokenreviews", _token_review),
     ]

@@ -171,3 +171,33 @@ async def test_a_deleted_service_account_invalidates_its_tokens(cluster, http):
     cluster.delete_object("serviceaccounts", "agent", NS)
     status = await review(http, answer["status"]["token"], [AUDIENCE])
     assert status["authenticated"] is False
+
+
+async def test_tokens_verify_locally_against_the_published_key_set(cluster, http):
+    async with http.get("/.well-known/openid-configuration") as answer:
+        assert answer.status == 200
+        discovery = await answer.json()
+    assert discovery["issuer"] == "https://kubernetes.default.svc.cluster.local"
+    assert discovery["jwks_uri"] == f"{cluster.url}/openid/v1/jwks"
+    assert discovery["id_token_signing_alg_values_supported"] == ["RS256"]
+    headers = {"Accept": "application/jwk-set+json"}
+    async with http.get("/openid/v1/jwks", headers=headers) as answer:
+        assert answer.headers["Content-Type"].startswith("application/jwk-set+json")
+        (key,) = (await answer.json(content_type=None))["keys"]
+    assert (key["kty"], key["alg"], key["use"]) == ("RSA", "RS256", "sig")
+    _, issued = await request_token(
+        http, {"audiences": [AUDIENCE], "boundObjectRef": pod_ref(cluster)}
+    )
+    token = issued["status"]["token"]
+    assert jwt.get_unverified_header(token)["kid"] == key["kid"]
+    claims = jwt.decode(
+        token, jwt.PyJWK(key).key, algorithms=["RS256"], audience=AUDIENCE,
+        issuer=discovery["issuer"],
+    )  # fmt: skip
+    assert claims["kubernetes.io"]["node"]["name"] == "node-a"
+
+
+async def test_the_key_set_is_served_only_as_a_jwk_set(cluster, http):
+    async with http.get("/openid/v1/jwks", headers={"Accept": "application/json"}) as answer:
+        assert answer.status == 406
+        assert "application/jwk-set+json" in await answer.text()
