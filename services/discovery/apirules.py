@@ -13,6 +13,8 @@ CONTRACTS 4.1/4.5/6. `for_server(version_json)` reads `GET /version` and gives t
   `shared_capacity` (capacity name -> request step) is published with
   `allowMultipleAllocations` and a `requestPolicy` on those capacities. Before 1.36 it is
   published as an exclusive device.
+- 1.37: as 1.36 (the slice limits and the fields we publish are unchanged; device taints and
+  DeviceTaintRule are GA).
 
 Gates found off at run time (fields the server dropped) are added with `without()`: with
 DRAPartitionableDevices off no partition is published (the scheduler could otherwise hand
@@ -38,7 +40,7 @@ __all__ = [
 ]
 
 OLDEST = 34
-NEWEST = 36
+NEWEST = 37
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 """Inventory-only attribute (never published): `memory=1Gi,...`, capacity name = step."""
 _DIGITS = re.compile(r"^\d+")
@@ -89,7 +91,7 @@ class PublishRules:
 
 
 def for_minor(minor: int) -> PublishRules:
-    """The rules of Kubernetes 1.`minor`, clamped to the supported 1.34-1.36."""
+    """The rules of Kubernetes 1.`minor`, clamped to the supported 1.34-1.37."""
     minor = min(max(minor, OLDEST), NEWEST)
     if minor == OLDEST:
         return PublishRules(

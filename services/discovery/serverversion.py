@@ -1,7 +1,7 @@
 """Reads the API server's version and turns it into the rules slices are published by.
 
 `GET /version` is readable by every authenticated client (system:public-info-viewer). A
-server older than 1.34 or newer than 1.36 gets the nearest supported rules, with a warning.
+server older than 1.34 or newer than 1.37 gets the nearest supported rules, with a warning.
 """
 
 from __future__ import annotations

@@ -249,18 +249,26 @@ class KubeClient:
         namespace: str | None = None,
         uid: str = "",
         resource_version: str = "",
+        grace_period_s: int | None = None,
     ) -> None:
-        """Delete with optional preconditions; a missing object raises KubeNotFoundError."""
+        """Delete with optional preconditions; a missing object raises KubeNotFoundError.
+
+        `grace_period_s=0` ends a pod's graceful deletion, as the kubelet does once its
+        containers are gone."""
         preconditions = {
             k: v for k, v in (("uid", uid), ("resourceVersion", resource_version)) if v
         }
-        body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": preconditions}
+        body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1"}
+        if preconditions:
+            body["preconditions"] = preconditions
+        if grace_period_s is not None:
+            body["gracePeriodSeconds"] = grace_period_s
         await self._request(
             "DELETE",
             rt.path(namespace=namespace, name=name),
             what=f"delete {rt.plural}/{name}",
             name=name,
-            body=body if preconditions else None,
+            body=body if len(body) > 2 else None,
         )
 
     async def get_path(self, path: str) -> Obj:

@@ -27,10 +27,10 @@ def test_the_minor_version_is_read_from_the_version_answer(version, minor):
     ("version", "minor"),
     [
         ({"major": "1", "minor": "33"}, 34),
-        ({"major": "1", "minor": "37"}, 36),
-        ({}, 36),
+        ({"major": "1", "minor": "38"}, 37),
+        ({}, 37),
     ],
-    ids=["older-uses-1.34", "newer-uses-1.36", "unreadable-uses-newest"],
+    ids=["older-uses-1.34", "newer-uses-1.37", "unreadable-uses-newest"],
 )
 def test_unsupported_versions_get_the_nearest_rules(version, minor):
     assert apirules.for_server(version).minor == minor
@@ -38,8 +38,13 @@ def test_unsupported_versions_get_the_nearest_rules(version, minor):
 
 @pytest.mark.parametrize(
     ("minor", "together", "max_taints", "none_effect", "pci_bus_id"),
-    [(34, True, 4, False, False), (35, False, 16, True, False), (36, False, 16, True, True)],
-    ids=["1.34", "1.35", "1.36"],
+    [
+        (34, True, 4, False, False),
+        (35, False, 16, True, False),
+        (36, False, 16, True, True),
+        (37, False, 16, True, True),
+    ],
+    ids=["1.34", "1.35", "1.36", "1.37"],
 )
 def test_each_version_has_its_own_limits(minor, together, max_taints, none_effect, pci_bus_id):
     rules = apirules.for_minor(minor)
