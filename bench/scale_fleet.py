@@ -264,7 +264,9 @@ class NodeAgents:
         bus = Bus(self.nats, name=f"dra-allocation/{node}", component="allocation")
         resources.push_async_callback(bus.close)
         board = HealthBoard(pool=node)
-        cache = InventoryCache(self.workdir / "inventory" / node, driver=DRIVER, node=node)
+        cache = InventoryCache(
+            self.workdir / "inventory" / node, driver=DRIVER, node=node, backend="sim"
+        )
         tasks = watchers.node_view_tasks(bus, cache=cache, board=board, driver=DRIVER, node=node)
         for name, coro in tasks.items():
             tg.create_task(eternal(name, coro), name=f"{name}/{node}")

@@ -22,6 +22,7 @@ from shared.config import (
 from shared.errors import ConfigError
 
 __all__ = [
+    "BACKENDS",
     "CRASH_STEPS",
     "KUBELET_APIS",
     "KUBELET_DEVICE_PLUGIN_DIR",
@@ -34,6 +35,8 @@ KUBELET_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
 KUBELET_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 KUBELET_DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 KUBELET_APIS = ("dra", "device-plugin")
+BACKENDS = ("sim", "nvml", "ascend")
+"""The device backends, as the discovery agent's `--backend` names them."""
 # Driver and node names are DNS subdomains (lower case, at most 253 characters).
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 # sun_path holds 108 bytes including the terminating NUL.
@@ -66,6 +69,14 @@ class AllocationConfig:
         "sim.dra-suite.io", flag="--driver-name", help="DRA driver name (a DNS subdomain)."
     )
     """The driver name in ResourceSlices, allocation results and the kubelet registration."""
+    backend: str = setting(
+        "sim",
+        flag="--backend",
+        help="This node's device backend: sim, nvml or ascend (the discovery agent's). It "
+        "picks the container edits and their allowlist; an inventory naming another is refused.",
+    )
+    """From the node's own configuration, never from the bus: a forged inventory cannot pick
+    which vendor's edits and allowlist apply."""
     plugin_registry_dir: Path = setting(
         KUBELET_REGISTRY_DIR,
         flag="--plugin-registry-dir",
@@ -155,6 +166,10 @@ class AllocationConfig:
     def __post_init__(self) -> None:
         if not self.node_name:
             raise ConfigError("node name must not be empty", field="node_name")
+        if self.backend not in BACKENDS:
+            raise ConfigError(
+                f"backend {self.backend!r} is not one of {', '.join(BACKENDS)}", field="backend"
+            )
         for field in ("node_name", "driver_name"):
             value = getattr(self, field)
             if len(value) > 253 or not _DNS_SUBDOMAIN.match(value):

@@ -49,9 +49,9 @@ REJECTED_EDITS = _meter.create_counter(
 INVENTORY_REJECTED = _meter.create_counter(
     "dra_inventory_rejected",
     unit="1",
-    description="Inventories of this node quarantined by the sanity rules (the last good one "
-    "stayed in force), by reason: empty, generation_backwards, generation_reused, "
-    "backend_changed.",
+    description="Inventories of this node quarantined by the sanity rules or refused for naming "
+    "another backend than the node's own (the last good one stayed in force), by reason: "
+    "empty, generation_backwards, generation_reused, backend_changed, backend_mismatch.",
 )
 
 

@@ -31,6 +31,8 @@ from shared.kube.client import KubeClient
 __all__ = ["AGENTS", "OPEN_BUS_WARNING", "LocalStack", "StackConfig"]
 
 AGENTS = ("discovery", "allocation", "health")
+BACKEND = "sim"
+"""The local stack's one backend: sim devices from `StackConfig.sim_profile`."""
 OPEN_BUS_WARNING = (
     "WARNING: open bus. This local stack's nats-server has no authentication and no TLS "
     "(it listens on 127.0.0.1 only): any local process can rewrite inventories, forge health "
@@ -201,6 +203,9 @@ class LocalStack:
         if cfg.nats_watch_heartbeat_s is not None:
             argv += ["--nats-watch-heartbeat-s", str(cfg.nats_watch_heartbeat_s)]
         argv += ["--ops-host", "127.0.0.1", "--ops-port", str(self.ops_port(agent))]
+        if agent in ("discovery", "allocation"):
+            # The node's backend from its own configuration, as a DaemonSet sets it.
+            argv += ["--backend", BACKEND]
         if agent in ("discovery", "health"):
             argv += ["--sim-profile", cfg.sim_profile]
         if agent == "health":

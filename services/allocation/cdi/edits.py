@@ -1,23 +1,33 @@
 """CDI container edits per backend for the devices of one claim (pure).
 
-The inventory's `backend` picks how a device reaches a container (HARDWARE.md 1.3, 3.5):
+The node's own backend (`--backend`, never the inventory's) picks how a device reaches a
+container (HARDWARE.md 1.3, 3.5). Each device's nodes and visible-devices variables come from
+the device the claim got (its name, the partition made for it) and the backend's view of it,
+never from an inventory value that names other devices (`allowlist.Own`):
 
-- `ascend` (kind `npu`): `/dev/davinci<id>` per device; `/dev/davinci_manager`,
+- `ascend` (kind `npu`): `/dev/davinci<id>` per device, `<id>` from the device's name
+  (`npu-<id>`, as discovery names it; an `index` attribute is not read); `/dev/davinci_manager`,
   `/dev/devmm_svm`, `/dev/hisi_hdc` once per spec (spec-level edits);
   `ASCEND_VISIBLE_DEVICES=<ids of the request>`. A vNPU (chip name `...vir...`) is
   `/dev/vdavinci<id>` on the host, seen as `/dev/davinci<id>`, with
   `ASCEND_RUNTIME_OPTIONS=VIRTUAL`.
-- `nvml` (kinds `gpu`, `mig`): `/dev/nvidia<minor>` per device; `/dev/nvidiactl`,
-  `/dev/nvidia-uvm`, `/dev/nvidia-uvm-tools` once per spec; `NVIDIA_VISIBLE_DEVICES=<UUIDs>`.
-  A MIG device gets its parent's node plus its `/dev/nvidia-caps/*` nodes and
-  `NVIDIA_VISIBLE_DEVICES=MIG-<uuid>`; a MIG placement that does not exist yet (no UUID, no
-  partition made for the claim) fails the claim rather than hand out the whole GPU.
-- `sim` and anything else: the device's own nodes and env from the inventory, as published
-  (sim nodes map to /dev/null on the host, so no real control nodes are added).
+- `nvml` (kinds `gpu`, `mig`): `/dev/nvidia<minor>` per device (its one numbered node; a
+  device listing two fails); `/dev/nvidiactl`, `/dev/nvidia-uvm`, `/dev/nvidia-uvm-tools` once
+  per spec; `NVIDIA_VISIBLE_DEVICES=<UUIDs>` (one `GPU-` UUID per device). A MIG device gets
+  its parent's node plus the GI and CI access capabilities of its own instance (of the
+  parent's minor, numbered as `/proc/driver/nvidia-caps/mig-minors` numbers them; a
+  partition's are the ones read when it was made) and `NVIDIA_VISIBLE_DEVICES=MIG-<uuid>`; a
+  MIG placement that does not exist yet (no UUID, no partition made for the claim) fails the
+  claim rather than hand out the whole GPU.
+- `sim` (kinds `npu`, `gpu`, `mig`): the device's nodes and env from the inventory, as
+  published (sim nodes map to /dev/null on the host, so no real control nodes are added), each
+  numbered node and visible id bound to the device's own number (`npu-<n>`, `gpu-<n>`, a MIG
+  device's parent's).
 
-Whatever the inventory says, the result passes `allowlist.check` for the backend (each
-device's own nodes, control nodes and env first, so a refusal names the device that brought
-it; then every device's final env) or the claim fails with `ForbiddenEditError`.
+A kind the backend never makes gets no vendor edit at all. Whatever the inventory says, the
+result passes `allowlist.check` for the backend (each device's own nodes, control nodes and env
+first, bound to the device, so a refusal names the device that brought it; then every device's
+final env) or the claim fails with `ForbiddenEditError`.
 
 Per request, variables of its devices are joined (`ASCEND_VISIBLE_DEVICES=0,1`): a container
 gets every device of the requests it references. A device's partition replaces its nodes and
@@ -66,11 +76,20 @@ PARTITION_PROFILE_ENV = "DRA_SUITE_PARTITION_PROFILE"
 CONSUMED_ENV_PREFIX = "DRA_SUITE_CONSUMED_"
 ASCEND_CONTROL_NODES = ("/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc")
 NVIDIA_CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
-_NVIDIA_NODE = re.compile(r"^/dev/nvidia(\d+)$")
-_NPU_NAME = re.compile(r"-(\d+)$")
-_VNPU_CHIP = re.compile(r"vir\d+")
+_NVIDIA_NODE = re.compile(r"/dev/nvidia([0-9]{1,5})", re.ASCII)
+_CAP_NODE = re.compile(r"/dev/nvidia-caps/nvidia-cap([0-9]{1,7})", re.ASCII)
+_NUMBER = re.compile(r".*-([0-9]{1,5})", re.ASCII | re.DOTALL)
+_VNPU_CHIP = re.compile(r"vir[0-9]+", re.ASCII)
+_GPU_UUID = re.compile(r"GPU-[0-9A-Fa-f-]{1,64}", re.ASCII)
+_MIG_UUID = re.compile(r"MIG-[0-9A-Za-z/-]{1,96}", re.ASCII)
 _NOT_ENV = re.compile(r"[^A-Z0-9]")
 _CAPS_DIR = "/dev/nvidia-caps/"
+# `/proc/driver/nvidia-caps/mig-minors`: after `config` (1) and `monitor` (2), each GPU minor
+# has 15 GPU instances of 9 minors: the GI's access, then its 8 CIs' access.
+_FIRST_GI_CAP, _GI_CAPS, _GIS_PER_GPU = 3, 9, 15
+_ASCEND_KINDS = frozenset({"npu"})
+_NVIDIA_KINDS = frozenset({"gpu", "mig"})
+_SIM_KINDS = _ASCEND_KINDS | _NVIDIA_KINDS
 
 Node = tuple[str, str]
 
@@ -99,6 +118,10 @@ class _Edits:
     env: dict[str, str]
     nodes: list[Node]
     common: list[Node] = field(default_factory=list)
+    own: allowlist.Own = field(default_factory=allowlist.Own)
+    """What the device may name (its own numbered nodes and visible ids)."""
+    vendor: bool = True
+    """False: a kind the backend never makes (no vendor edit passes)."""
 
 
 def consumed_env_name(capacity: str) -> str:
@@ -110,20 +133,50 @@ def _hosts(device: inventory_pb2.Device) -> dict[str, str]:
     return {node.path: node.host_path for node in device.device_nodes}
 
 
+def _number(name: str) -> str | None:
+    """The device's number in its name: `npu-3` -> `3`; None without one."""
+    match = _NUMBER.fullmatch(name)
+    return str(int(match.group(1))) if match is not None else None
+
+
+def _visible(name: str, *values: str) -> frozenset[str]:
+    return frozenset(f"{name}={value}" for value in values)
+
+
+def _foreign(device: inventory_pb2.Device) -> _Edits:
+    """A kind the backend never makes: its edits as published, none of which may be a vendor's."""
+    nodes = [(n.path, n.host_path) for n in device.device_nodes]
+    return _Edits(env=dict(device.env), nodes=nodes, vendor=False)
+
+
 def _sim(device: inventory_pb2.Device, *, claim_uid: str, partitioned: bool) -> _Edits:
-    return _Edits(env=dict(device.env), nodes=[(n.path, n.host_path) for n in device.device_nodes])
+    if device.kind not in _SIM_KINDS:
+        return _foreign(device)
+    number = _number(device.parent if device.kind == "mig" else device.name)
+    own = allowlist.Own()
+    if number is not None and device.kind in _ASCEND_KINDS:
+        own = allowlist.Own(
+            nodes=frozenset({f"/dev/davinci{number}"}),
+            visible=_visible("ASCEND_VISIBLE_DEVICES", number),
+        )
+    elif number is not None:
+        uuid = device.uuid if _GPU_UUID.fullmatch(device.uuid) else number
+        own = allowlist.Own(
+            nodes=frozenset({f"/dev/nvidia{number}"}),
+            visible=_visible("NVIDIA_VISIBLE_DEVICES", number, uuid)
+            if device.kind == "gpu"
+            else frozenset(),
+        )
+    nodes = [(n.path, n.host_path) for n in device.device_nodes]
+    return _Edits(env=dict(device.env), nodes=nodes, own=own)
 
 
 def _ascend(device: inventory_pb2.Device, *, claim_uid: str, partitioned: bool) -> _Edits:
-    if device.kind != "npu":
-        return _sim(device, claim_uid=claim_uid, partitioned=partitioned)
-    attributes = device.attributes
-    match = _NPU_NAME.search(device.name)
-    if "index" in attributes:
-        device_id = str(attributes["index"].int)
-    elif match is not None:
-        device_id = match.group(1)
-    else:
+    if device.kind not in _ASCEND_KINDS:
+        return _foreign(device)
+    # The name the claim was allocated, as discovery names the chip; never an attribute.
+    device_id = _number(device.name)
+    if device_id is None:
         raise ClaimError(
             f"claim {claim_uid}: npu {device.name} has no device id", claim_uid=claim_uid
         )
@@ -131,41 +184,72 @@ def _ascend(device: inventory_pb2.Device, *, claim_uid: str, partitioned: bool) 
     path = f"/dev/davinci{device_id}"
     host = hosts.get(path, "")
     env = {"ASCEND_VISIBLE_DEVICES": device_id}
+    attributes = device.attributes
     chip = attributes["chipName"].string if "chipName" in attributes else ""
     if _VNPU_CHIP.search(chip):
         host = host or f"/dev/vdavinci{device_id}"
         env["ASCEND_RUNTIME_OPTIONS"] = "VIRTUAL"
     common = [(p, hosts.get(p, "")) for p in ASCEND_CONTROL_NODES]
-    return _Edits(env=env, nodes=[(path, host)], common=common)
+    own = allowlist.Own(
+        nodes=frozenset({path}), visible=_visible("ASCEND_VISIBLE_DEVICES", device_id)
+    )
+    return _Edits(env=env, nodes=[(path, host)], common=common, own=own)
 
 
-def _nvidia_node(device: inventory_pb2.Device, claim_uid: str) -> Node:
-    """`/dev/nvidia<minor>` of the GPU (of the parent GPU, for a MIG device)."""
-    hosts = _hosts(device)
-    for node in device.device_nodes:
-        if _NVIDIA_NODE.match(node.path):
-            return node.path, node.host_path
+def _nvidia_nodes(device: inventory_pb2.Device, claim_uid: str) -> list[Node]:
+    """`/dev/nvidia<minor>` of the GPU (of the parent GPU, for a MIG device), first; any other
+    numbered node the device lists follows, for the allowlist to refuse."""
+    numbered = [
+        (n.path, n.host_path) for n in device.device_nodes if _NVIDIA_NODE.fullmatch(n.path)
+    ]
+    if numbered:
+        return numbered
     if "index" in device.attributes:
         path = f"/dev/nvidia{device.attributes['index'].int}"
-        return path, hosts.get(path, "")
+        return [(path, _hosts(device).get(path, ""))]
     raise ClaimError(
         f"claim {claim_uid}: gpu {device.name} has no /dev/nvidiaN node", claim_uid=claim_uid
     )
 
 
+def _mig_caps(device: inventory_pb2.Device, minor: int) -> tuple[list[Node], frozenset[str]]:
+    """The MIG device's capability nodes as published, and those of them that are its own
+    instance's: one GI access of the parent GPU `minor`, and at most one CI access of that GI."""
+    caps = [(n.path, n.host_path) for n in device.device_nodes if n.path.startswith(_CAPS_DIR)]
+    minors = sorted(int(m.group(1)) for p, _ in caps if (m := _CAP_NODE.fullmatch(p)))
+    if len(minors) != len(caps) or not 1 <= len(minors) <= 2:
+        return caps, frozenset()
+    gi, cis = minors[0], minors[1:]
+    first = _FIRST_GI_CAP + _GI_CAPS * _GIS_PER_GPU * minor
+    own_gi = first <= gi < first + _GI_CAPS * _GIS_PER_GPU and (gi - first) % _GI_CAPS == 0
+    if not own_gi or not all(gi < ci < gi + _GI_CAPS for ci in cis):
+        return caps, frozenset()
+    return caps, frozenset(path for path, _ in caps)
+
+
 def _nvidia(device: inventory_pb2.Device, *, claim_uid: str, partitioned: bool) -> _Edits:
-    if device.kind not in ("gpu", "mig"):
-        return _sim(device, claim_uid=claim_uid, partitioned=partitioned)
+    if device.kind not in _NVIDIA_KINDS:
+        return _foreign(device)
     hosts = _hosts(device)
     common = [(p, hosts.get(p, "")) for p in NVIDIA_CONTROL_NODES]
-    node = _nvidia_node(device, claim_uid)
+    nodes = _nvidia_nodes(device, claim_uid)
+    node = nodes[0]
+    minor = node[0].removeprefix("/dev/nvidia")
     uuid = device.uuid or (device.attributes["uuid"].string if "uuid" in device.attributes else "")
     if device.kind == "gpu":
-        visible = uuid or node[0].removeprefix("/dev/nvidia")
-        return _Edits(env={"NVIDIA_VISIBLE_DEVICES": visible}, nodes=[node], common=common)
-    caps = [(n.path, n.host_path) for n in device.device_nodes if n.path.startswith(_CAPS_DIR)]
+        visible = uuid or minor
+        own = allowlist.Own(
+            nodes=frozenset({node[0]}),
+            visible=_visible("NVIDIA_VISIBLE_DEVICES", visible)
+            if _GPU_UUID.fullmatch(visible) or visible == minor
+            else frozenset(),
+        )
+        return _Edits(env={"NVIDIA_VISIBLE_DEVICES": visible}, nodes=nodes, common=common, own=own)
     if partitioned:
-        return _Edits(env={}, nodes=[node, *caps], common=common)
+        # The partition brings the capabilities of the instance made for the claim.
+        return _Edits(
+            env={}, nodes=nodes, common=common, own=allowlist.Own(nodes=frozenset({node[0]}))
+        )
     if not uuid:
         raise ClaimError(
             f"claim {claim_uid}: MIG device {device.name} does not exist yet (no UUID) and no "
@@ -174,7 +258,16 @@ def _nvidia(device: inventory_pb2.Device, *, claim_uid: str, partitioned: bool) 
             claim_uid=claim_uid,
         )
     visible = uuid if uuid.startswith("MIG-") else f"MIG-{uuid}"
-    return _Edits(env={"NVIDIA_VISIBLE_DEVICES": visible}, nodes=[node, *caps], common=common)
+    caps, own_caps = _mig_caps(device, int(minor))
+    own = allowlist.Own(
+        nodes=frozenset({node[0]}) | own_caps,
+        visible=_visible("NVIDIA_VISIBLE_DEVICES", visible)
+        if _MIG_UUID.fullmatch(visible)
+        else frozenset(),
+    )
+    return _Edits(
+        env={"NVIDIA_VISIBLE_DEVICES": visible}, nodes=[*nodes, *caps], common=common, own=own
+    )
 
 
 class _BackendEdits(Protocol):
@@ -183,13 +276,25 @@ class _BackendEdits(Protocol):
     ) -> _Edits: ...
 
 
-_BACKENDS: dict[str, _BackendEdits] = {"ascend": _ascend, "nvml": _nvidia}
+_BACKENDS: dict[str, _BackendEdits] = {"ascend": _ascend, "nvml": _nvidia, "sim": _sim}
+BACKENDS = frozenset(_BACKENDS)
+"""The backends with container edits (the agent's `--backend` values)."""
+
+
+def _backend_edits(backend: str, claim_uid: str) -> _BackendEdits:
+    try:
+        return _BACKENDS[backend]
+    except KeyError:
+        raise ClaimError(
+            f"claim {claim_uid}: no container edits for backend {backend[:32]!r}",
+            claim_uid=claim_uid,
+        ) from None
 
 
 def _device_edits(backend: str, use: DeviceUse, claim_uid: str) -> _Edits:
     """The backend's edits for one device; a partition replaces its nodes, overrides its env."""
     partition = use.partition
-    edits = _BACKENDS.get(backend, _sim)(
+    edits = _backend_edits(backend, claim_uid)(
         use.device, claim_uid=claim_uid, partitioned=partition is not None
     )
     if partition is None:
@@ -201,7 +306,27 @@ def _device_edits(backend: str, use: DeviceUse, claim_uid: str) -> _Edits:
         PARTITION_PROFILE_ENV: partition.profile,
     }
     nodes = list(partition.device_nodes) or edits.nodes
-    return _Edits(env=env, nodes=nodes, common=edits.common)
+    return _Edits(
+        env=env,
+        nodes=nodes,
+        common=edits.common,
+        own=_partition_own(edits.own, partition),
+        vendor=edits.vendor,
+    )
+
+
+def _partition_own(device: allowlist.Own, partition: Partition) -> allowlist.Own:
+    """The partition made for the claim (by this agent's manager) names itself: its MIG
+    capabilities, its vNPU node and its id; any other node must still be the device's own."""
+    made = {path for path, _ in partition.device_nodes if path.startswith(_CAPS_DIR)}
+    if partition.id.isascii() and partition.id.isdigit():
+        made.add(f"/dev/davinci{partition.id}")  # a vNPU
+    visible = {
+        f"{name}={value}"
+        for name, value in partition.env.items()
+        if name in allowlist.VISIBLE_ENV and value == partition.id
+    }
+    return allowlist.Own(nodes=device.nodes | made, visible=frozenset(visible))
 
 
 @dataclass(slots=True)
@@ -299,10 +424,9 @@ def check_devices(
     """The allowlist over the devices' own edits (those named in `partitioned` as the
     partition's parent), before any partition is made of them."""
     uses = [DeviceUse(request="", device=device) for device in devices]
+    edits_of = _backend_edits(backend, claim_uid)
     per_use = [
-        _BACKENDS.get(backend, _sim)(
-            device, claim_uid=claim_uid, partitioned=device.name in partitioned
-        )
+        edits_of(device, claim_uid=claim_uid, partitioned=device.name in partitioned)
         for device in devices
     ]
     _check_devices(backend=backend, claim_uid=claim_uid, uses=uses, per_use=per_use)
@@ -317,7 +441,11 @@ def _check_devices(
         claim_uid=claim_uid,
         devices=[
             allowlist.DeviceEdits(
-                device=use.device.name, nodes=[*edits.nodes, *edits.common], env=edits.env
+                device=use.device.name,
+                nodes=[*edits.nodes, *edits.common],
+                env=edits.env,
+                own=edits.own,
+                vendor=edits.vendor,
             )
             for use, edits in zip(uses, per_use, strict=True)
         ],

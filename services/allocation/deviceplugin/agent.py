@@ -39,9 +39,14 @@ class DevicePluginAgent:
         self.ready = asyncio.Event()
         driver, node = config.driver_name, config.node_name
         self.board = HealthBoard(pool=config.pool_name)
-        self.inventory = InventoryCache(config.inventory_path, driver=driver, node=node)
+        self.inventory = InventoryCache(
+            config.inventory_path, driver=driver, node=node, backend=config.backend
+        )
         self.catalog = DeviceCatalog(
-            self.inventory, driver=driver, overrides=config.device_plugin_overrides
+            self.inventory,
+            driver=driver,
+            backend=config.backend,
+            overrides=config.device_plugin_overrides,
         )
         self.front = DevicePluginFront(
             catalog=self.catalog,

@@ -20,9 +20,13 @@ __all__ = ["DeviceCatalog"]
 
 
 class DeviceCatalog:
-    def __init__(self, cache: InventoryCache, *, driver: str, overrides: Mapping[str, str]) -> None:
+    def __init__(
+        self, cache: InventoryCache, *, driver: str, backend: str, overrides: Mapping[str, str]
+    ) -> None:
         self.cache = cache
         self.driver = driver
+        self.backend = backend
+        """The node's own backend (`--backend`), never the inventory's."""
         self.overrides = dict(overrides)
         self._seen: inventory_pb2.Inventory | None = None
         self._resources: dict[str, Resource] = {}
@@ -32,17 +36,11 @@ class DeviceCatalog:
         """The event of the next change of the resources; take it before reading them."""
         return self._changed
 
-    @property
-    def backend(self) -> str:
-        """The backend of the current inventory; empty before the first one."""
-        current = self.cache.current
-        return current.backend if current is not None else ""
-
     def resources(self) -> dict[str, Resource]:
         current = self.cache.current
         if current is not self._seen:
             resources = dp_resources.resources(
-                current, driver=self.driver, overrides=self.overrides
+                current, driver=self.driver, backend=self.backend, overrides=self.overrides
             )
             self._seen = current
             if resources != self._resources:

@@ -115,14 +115,19 @@ def resource_name(
 
 
 def resources(
-    inventory: inventory_pb2.Inventory | None, *, driver: str, overrides: Mapping[str, str]
+    inventory: inventory_pb2.Inventory | None,
+    *,
+    driver: str,
+    backend: str,
+    overrides: Mapping[str, str],
 ) -> dict[str, Resource]:
-    """Every resource the inventory offers, by name, devices in inventory order."""
+    """Every resource the inventory offers, by name, devices in inventory order; `backend` is
+    the node's own, never the inventory's."""
     if inventory is None:
         return {}
     grouped: dict[str, list[inventory_pb2.Device]] = {}
     for device in inventory.devices:
-        name = resource_name(device, backend=inventory.backend, driver=driver, overrides=overrides)
+        name = resource_name(device, backend=backend, driver=driver, overrides=overrides)
         if name is not None and RESOURCE_NAME.match(name):
             grouped.setdefault(name, []).append(device)
     return {name: Resource(name=name, devices=tuple(found)) for name, found in grouped.items()}

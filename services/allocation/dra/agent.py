@@ -59,10 +59,12 @@ class AllocationAgent:
         self._kube = kube
         driver, node = config.driver_name, config.node_name
         self.board = HealthBoard(pool=config.pool_name)
-        self.inventory = InventoryCache(config.inventory_path, driver=driver, node=node)
+        self.inventory = InventoryCache(
+            config.inventory_path, driver=driver, node=node, backend=config.backend
+        )
         self.checkpoints = CheckpointStore(config.checkpoint_dir)
         self.cdi = CDIWriter(config.cdi_root, driver=driver)
-        self.partitions = by_backend.build(config, inventory=self.inventory)
+        self.partitions = by_backend.build(config)
         self.bus = Bus(
             config.nats, name=f"dra-allocation-{node}", component="allocation", node=node
         )
@@ -112,6 +114,7 @@ class AllocationAgent:
             checkpoints=self.checkpoints,
             cdi_writer=self.cdi,
             driver=config.driver_name,
+            backend=config.backend,
             instance_lock=self.instance_lock,
             replaced_claim_wait_s=config.replaced_claim_wait_s,
             inventory_wait_s=config.inventory_wait_s,

@@ -3,7 +3,8 @@
 `plan()` turns an allocated claim, the node's inventory and the claim's opaque configs into the
 stored answer (`PreparedClaim`): devices, CDI IDs, the CDI spec and the configs in force. It may
 run twice for one claim (a retry after a crash) and gives the same answer both times: the CDI
-IDs depend on the claim alone. The container edits are the backend's (`cdi.edits`).
+IDs depend on the claim alone. The container edits are the backend's (`cdi.edits`): the node's
+own backend (`--backend`), never the one the inventory names.
 
 A claim whose config asks for partitions, or that got an option made on demand (a MIG
 placement flagged `createdOnDemand`), is planned twice: first without them (the record then
@@ -40,6 +41,7 @@ def plan(
     inventory: inventory_pb2.Inventory | None,
     *,
     driver: str,
+    backend: str,
     partitions: Mapping[str, Partition] | None = None,
 ) -> PreparedClaim:
     """What preparing `claim` means on this node; pure, raises the claim's error.
@@ -61,13 +63,11 @@ def plan(
     )
     spec = None
     if resolved and all(p.partition_id for p in wanted):
-        spec = _spec(
-            claim, resolved, configs, made, names=names, driver=driver, backend=_backend(inventory)
-        )
+        spec = _spec(claim, resolved, configs, made, names=names, driver=driver, backend=backend)
     elif resolved:
         # No partition is made of a device whose own edits its backend would not make.
         edits.check_devices(
-            backend=_backend(inventory),
+            backend=backend,
             claim_uid=ref.uid,
             devices=[device for _, device in resolved],
             partitioned={p.device for p in wanted},
@@ -99,10 +99,6 @@ def _prepared_device(result: DeviceResult, *, name: str, driver: str) -> Prepare
         share_id=result.share_id,
         cdi_device_ids=(spec_files.device_id(driver, name),),
     )
-
-
-def _backend(inventory: inventory_pb2.Inventory | None) -> str:
-    return inventory.backend if inventory is not None else ""
 
 
 def _spec(

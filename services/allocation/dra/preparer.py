@@ -121,6 +121,7 @@ class ClaimPreparer:
         checkpoints: CheckpointStore,
         cdi_writer: CDIWriter,
         driver: str,
+        backend: str,
         instance_lock: InstanceLock | None = None,
         replaced_claim_wait_s: float = 5.0,
         inventory_wait_s: float = 10.0,
@@ -128,12 +129,15 @@ class ClaimPreparer:
         partitions: PartitionManager | None = None,
         announce: PreparedClaimSink | None = None,
     ) -> None:
-        """`announce`: told of each completed prepare and unprepare (the prepared-claims KV)."""
+        """`backend`: the node's own (`--backend`), which picks the container edits and their
+        allowlist, never the inventory's. `announce`: told of each completed prepare and
+        unprepare (the prepared-claims KV)."""
         self._claims = claims
         self._inventory = inventory
         self._checkpoints = checkpoints
         self._cdi = cdi_writer
         self._driver = driver
+        self._backend = backend
         self._locks = _KeyedLocks()
         self._instance = instance_lock or InstanceLock(None)
         self._replaced_wait_s = replaced_claim_wait_s
@@ -247,7 +251,9 @@ class ClaimPreparer:
         claim: AllocatedClaim | None = None
         if record is None:
             claim = await self._claims.read(ref, deadline=deadline)
-            record = plan(claim, self._inventory.current, driver=self._driver)
+            record = plan(
+                claim, self._inventory.current, driver=self._driver, backend=self._backend
+            )
             if record.partitions:
                 self._check_partitions(record)
                 await self._put_started(record)
@@ -307,10 +313,10 @@ class ClaimPreparer:
     def _check_partitions(self, record: PreparedClaim) -> None:
         """Fail the claim before anything is written if its partitions cannot be made."""
         inventory = self._inventory.current
-        backend = inventory.backend if inventory is not None else ""
+        backend = self._backend
         if self._partitions is None or not self._partitions.supports(backend):
             raise ClaimError(
-                f"prepare claim {record.uid}: the {backend or 'unknown'} backend cannot make "
+                f"prepare claim {record.uid}: the {backend} backend cannot make "
                 f"partitions (asked for: {', '.join(p.device for p in record.partitions)})",
                 claim_uid=record.uid,
             )
@@ -332,7 +338,7 @@ class ClaimPreparer:
                 claim_uid=record.uid, device=device, profile=wanted.profile, placement=placement
             )
             self._crash_point("partition-created")
-        return plan(claim, inventory, driver=self._driver, partitions=made)
+        return plan(claim, inventory, driver=self._driver, backend=self._backend, partitions=made)
 
     async def _put_started(self, record: PreparedClaim, *, durable: bool = True) -> None:
         await self._checkpoints.put(record, durable=durable)

@@ -4,7 +4,10 @@ A prepare never waits on NATS: it resolves devices against this cache. The copy 
 (`inventory.pb`, binary protobuf) lets a restarted agent prepare while NATS is still down.
 Only the inventory watcher writes here. An inventory that fails the sanity rules (`sanity`:
 no devices, a generation going backwards or reused for other content) is quarantined: logged,
-counted (`dra_inventory_rejected_total`), and the last good inventory stays in force.
+counted (`dra_inventory_rejected_total`), and the last good inventory stays in force. An
+inventory naming another backend than the node's own (`--backend`) is refused the same way,
+logged with `security=true` (reason `backend_mismatch`), from the bus and from the disk copy:
+the backend picks which vendor's container edits apply, so the bus never gets to choose it.
 """
 
 from __future__ import annotations
@@ -20,16 +23,20 @@ from shared.bus import codec
 from shared.errors import MalformedMessageError
 from shared.pb.drasuite.v1 import inventory_pb2
 
-__all__ = ["InventoryCache"]
+__all__ = ["BACKEND_MISMATCH", "InventoryCache"]
 
 log = structlog.get_logger(__name__)
 
+BACKEND_MISMATCH = "backend_mismatch"
+"""The `reason` of an inventory naming another backend than the node's own."""
+
 
 class InventoryCache:
-    def __init__(self, path: Path, *, driver: str, node: str) -> None:
+    def __init__(self, path: Path, *, driver: str, node: str, backend: str) -> None:
         self.path = path
         self.driver = driver
         self.node = node
+        self.backend = backend
         self._inventory: inventory_pb2.Inventory | None = None
         self._encoded = b""
 
@@ -91,12 +98,23 @@ class InventoryCache:
         return True
 
     def _accept(self, inventory: inventory_pb2.Inventory) -> bool:
-        if inventory.driver == self.driver and inventory.node == self.node:
-            return True
-        log.warning(
-            "inventory_ignored",
-            reason="foreign driver or node",
-            driver=inventory.driver[:64],
-            node=inventory.node[:64],
-        )
-        return False
+        if inventory.driver != self.driver or inventory.node != self.node:
+            log.warning(
+                "inventory_ignored",
+                reason="foreign driver or node",
+                driver=inventory.driver[:64],
+                node=inventory.node[:64],
+            )
+            return False
+        if inventory.backend != self.backend:
+            instruments.INVENTORY_REJECTED.add(1, {"reason": BACKEND_MISMATCH})
+            log.warning(
+                "inventory_refused",
+                security=True,
+                reason=BACKEND_MISMATCH,
+                backend=inventory.backend[:32],
+                own_backend=self.backend,
+                generation=inventory.generation,
+            )
+            return False
+        return True

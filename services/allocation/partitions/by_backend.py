@@ -1,8 +1,8 @@
-"""The partition manager the agent uses: one per backend, picked by the inventory's backend.
+"""The partition manager the agent uses: one per backend, picked by the node's own backend.
 
 `build()` makes the composite of the sim, MIG (nvml) and vNPU (ascend) managers. Partitions are
-made by the manager that `supports()` the backend of the current inventory, the one the
-preparer checked against; removal and listing go to every manager, each of which knows only
+made by the manager that `supports()` the agent's `--backend`, the one the preparer checked
+against; removal and listing go to every manager, each of which knows only
 the partitions its own state file records. The hardware managers load NVML or run npu-smi at
 their first partition, so an agent that never makes one never touches either.
 """
@@ -10,7 +10,6 @@ their first partition, so an agent that never makes one never touches either.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
 
 import structlog
 
@@ -23,16 +22,9 @@ from services.allocation.partitions.vnpu import VnpuPartitionManager
 from shared.errors import ClaimError
 from shared.pb.drasuite.v1 import inventory_pb2
 
-__all__ = ["CompositePartitionManager", "InventorySource", "build"]
+__all__ = ["CompositePartitionManager", "build"]
 
 log = structlog.get_logger(__name__)
-
-
-class InventorySource(Protocol):
-    """What the composite needs of the inventory cache: its current inventory."""
-
-    @property
-    def current(self) -> inventory_pb2.Inventory | None: ...
 
 
 class CompositePartitionManager:
@@ -105,13 +97,9 @@ class CompositePartitionManager:
         return found
 
 
-def build(config: AllocationConfig, *, inventory: InventorySource) -> CompositePartitionManager:
-    """The agent's partition manager: sim, MIG and vNPU, over the plugin data dir."""
-
-    def backend() -> str:
-        current = inventory.current
-        return current.backend if current is not None else ""
-
+def build(config: AllocationConfig) -> CompositePartitionManager:
+    """The agent's partition manager: sim, MIG and vNPU, over the plugin data dir; partitions
+    are made by the manager of the node's own backend (`--backend`)."""
     timeout_s = config.partition_timeout_s
     return CompositePartitionManager(
         [
@@ -123,5 +111,5 @@ def build(config: AllocationConfig, *, inventory: InventorySource) -> CompositeP
                 config.vnpu_partition_state_path, npu_smi=config.npu_smi_path, timeout_s=timeout_s
             ),
         ],
-        backend=backend,
+        backend=lambda: config.backend,
     )

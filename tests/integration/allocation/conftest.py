@@ -115,7 +115,7 @@ class PluginNode:
             sys.executable,
             "-m",
             "services.allocation",
-            *("--node-name", NODE, "--driver-name", DRIVER),
+            *("--node-name", NODE, "--driver-name", DRIVER, "--backend", "sim"),
             *("--nats-url", config.nats.url, "--nats-namespace", config.nats.namespace),
             *("--kubeconfig", config.kube.kubeconfig, "--log-format", "console"),
             *("--plugin-registry-dir", str(config.plugin_registry_dir)),

@@ -2,6 +2,10 @@
 key; the allocation agent, called through real gRPC NodePrepareResources, refuses that claim
 (no CDI spec, no checkpoint record), prepares its neighbour in the same call, counts the refused
 edits and logs them with `security=true`. A claim allocated for another node fails likewise.
+
+Issue 20 item 6 and issue 22 item 5 on the same rig: an inventory naming another backend than
+the node's own (`--backend`) is never adopted, even as the first one; a forged device that
+names every chip of the node in its nodes and visible-device variables fails its claim.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any
 import nats
 import pytest
 
+from services.allocation.node_view.inventory_cache import BACKEND_MISMATCH
 from services.devcluster.apiserver import APIServerEmulator
 from shared import metrics
 from shared.bus import codec
@@ -140,6 +145,19 @@ def _node(path: str, host: str) -> Forgery:
         (_env("LD_LIBRARY_PATH", "/host/lib"), "env name 'LD_LIBRARY_PATH'"),
         (_env("PATH", "/host/bin"), "env name 'PATH'"),
         (_env("NVIDIA_VISIBLE_DEVICES", "all"), "env value 'NVIDIA_VISIBLE_DEVICES=all'"),
+        (
+            _env("ASCEND_VISIBLE_DEVICES", "0,1"),
+            "env value 'ASCEND_VISIBLE_DEVICES=0,1' (not this device's)",
+        ),
+        (_node("/dev/davinci1", "/dev/null"), "device node '/dev/davinci1' (not this device's)"),
+        (
+            _node("/dev/nvidia-caps/nvidia-cap1", "/dev/null"),
+            "device node '/dev/nvidia-caps/nvidia-cap1'",
+        ),
+        (
+            _env("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=1M LD_PRELOAD=/e.so"),
+            "env value 'CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1M LD_PRELOAD=/e.so'",
+        ),
     ],
     ids=[
         "host-disk",
@@ -149,6 +167,10 @@ def _node(path: str, host: str) -> Forgery:
         "ld-library-path",
         "path",
         "all-gpus",
+        "every-npu-of-the-node",
+        "the-neighbours-node",
+        "mig-config-capability",
+        "unchecked-mps-value",
     ],
 )
 async def test_variants_of_the_forgery_fail_only_their_claim(
@@ -235,7 +257,7 @@ async def test_no_partition_is_made_of_a_forged_device_and_a_forged_partition_ne
         assert [p["claimUID"] for p in plugin_node.partitions()] == [neighbour.uid]
 
 
-async def test_a_forged_backend_that_would_widen_the_allowlist_is_quarantined(
+async def test_a_forged_backend_that_would_widen_the_allowlist_is_refused(
     plugin_node: PluginNode, nats_settings: NATSSettings, bus_events: list[Any]
 ) -> None:
     async with plugin_node.registered() as (agent, kubelet):
@@ -255,7 +277,7 @@ async def test_a_forged_backend_that_would_widen_the_allowlist_is_quarantined(
         finally:
             await client.drain()
         await plugin_node.eventually(
-            lambda: any(e.get("reason") == "backend_changed" for e in bus_events)
+            lambda: any(e.get("reason") == BACKEND_MISMATCH for e in bus_events)
         )
         assert agent.inventory.current == good
         claim = plugin_node.allocate("victim", ["npu-0"])
@@ -265,3 +287,69 @@ async def test_a_forged_backend_that_would_widen_the_allowlist_is_quarantined(
         assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [
             {"path": "/dev/davinci0", "hostPath": "/dev/null"}
         ]
+
+
+def _forged_nvml_inventory() -> inventory_pb2.Inventory:
+    """What an attacker puts on a sim node's key: an nvml inventory whose one GPU brings every
+    real /dev/nvidiaN and asks the runtime for all of them."""
+    gpu = inventory_pb2.Device(name="gpu-0", kind="gpu", uuid="GPU-0")
+    for minor in range(8):
+        gpu.device_nodes.add(path=f"/dev/nvidia{minor}")
+    gpu.env["NVIDIA_VISIBLE_DEVICES"] = ",".join(f"GPU-{i}" for i in range(8))
+    return inventory_pb2.Inventory(
+        driver=DRIVER, node=NODE, pool=NODE, backend="nvml", generation=1, devices=[gpu]
+    )
+
+
+def _refused_inventories() -> float:
+    metrics.configure(service="test")
+    line = f'dra_inventory_rejected_total{{reason="{BACKEND_MISMATCH}"}} '
+    return sum(
+        float(text.removeprefix(line))
+        for text in metrics.render().decode().splitlines()
+        if text.startswith(line)
+    )
+
+
+async def test_a_first_inventory_claiming_nvml_on_a_sim_node_is_refused(
+    plugin_node: PluginNode, nats_settings: NATSSettings, bus_events: list[Any]
+) -> None:
+    before = _refused_inventories()
+    async with plugin_node.registered(inventory_wait_s=0.5) as (agent, kubelet):
+        client = await nats.connect(nats_settings.url)
+        try:
+            store = await client.jetstream().key_value(plugin_node.bus.names.inventory_bucket)
+            key = plugin_node.bus.names.inventory_key(DRIVER, NODE)
+            await store.put(key, codec.encode(_forged_nvml_inventory()))
+        finally:
+            await client.drain()
+        await plugin_node.eventually(
+            lambda: any(e.get("event") == "inventory_refused" for e in bus_events)
+        )
+        assert agent.inventory.current is None
+        assert not plugin_node.config.inventory_path.exists()
+        victim = plugin_node.allocate("victim", ["gpu-0"])
+        answer = await kubelet.prepare([victim])
+        assert "device inventory is not known yet" in answer.claims[victim.uid].error
+        assert plugin_node.spec(victim.uid) is None
+        assert plugin_node.cdi_files() == []
+
+        # Discovery's own inventory still gets through, and the forgery stays out after it.
+        good = await plugin_node.publish_inventory("npu-0")
+        await plugin_node.eventually(lambda: agent.inventory.current == good)
+        later = _forged_nvml_inventory()
+        later.generation = good.generation + 1
+        await plugin_node.bus.kv_put(
+            plugin_node.bus.names.inventory_bucket,
+            plugin_node.bus.names.inventory_key(DRIVER, NODE),
+            codec.encode(later),
+        )
+        await plugin_node.eventually(
+            lambda: sum(e.get("event") == "inventory_refused" for e in bus_events) == 2
+        )
+        assert agent.inventory.current == good
+    refused = [e for e in bus_events if e.get("event") == "inventory_refused"]
+    assert {(e["security"], e["reason"], e["backend"], e["own_backend"]) for e in refused} == {
+        (True, BACKEND_MISMATCH, "nvml", "sim")
+    }
+    assert _refused_inventories() - before == 2.0

@@ -72,6 +72,7 @@ def _preparer(tmp_path, kube: Any, make_inventory) -> ClaimPreparer:
         checkpoints=checkpoints,
         cdi_writer=CDIWriter(tmp_path / "cdi", driver=DRIVER),
         driver=DRIVER,
+        backend="sim",
     )
 
 

@@ -186,13 +186,14 @@ MIG = Partition(
         ),
         (
             "nvml",
-            [_use(_mig(1, uuid="MIG-0e7a", caps=(21, 22)))],
+            # GPU minor 1's GI 0 (access 138) and its CI 0 (139), as mig-minors numbers them.
+            [_use(_mig(1, uuid="MIG-0e7a", caps=(138, 139)))],
             {"NVIDIA_VISIBLE_DEVICES": "MIG-0e7a"},
             [
                 [
                     {"path": "/dev/nvidia1"},
-                    {"path": "/dev/nvidia-caps/nvidia-cap21"},
-                    {"path": "/dev/nvidia-caps/nvidia-cap22"},
+                    {"path": "/dev/nvidia-caps/nvidia-cap138"},
+                    {"path": "/dev/nvidia-caps/nvidia-cap139"},
                 ]
             ],
             NVIDIA_CONTROL,

@@ -40,6 +40,7 @@ def _preparer(base: Path, kube: Any, inventory: Any) -> tuple[ClaimPreparer, Che
         checkpoints=checkpoints,
         cdi_writer=writer,
         driver=DRIVER,
+        backend="sim",
     )
     return preparer, checkpoints
 

@@ -93,6 +93,7 @@ async def test_a_deeply_nested_claim_fails_alone_and_the_others_are_prepared(
         checkpoints=checkpoints,
         cdi_writer=cdi_writer,
         driver=DRIVER,
+        backend="sim",
     )
     refs = [ClaimRef("default", "good", good), ClaimRef("default", "deep", deep)]
     outcomes = await preparer.prepare_batch(refs)

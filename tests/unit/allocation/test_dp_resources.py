@@ -116,7 +116,7 @@ def test_bad_overrides_are_refused(text):
 async def test_the_mixed_sim_profile_offers_one_resource_per_kind():
     scan = await SimBackend.from_profile("mixed").scan()
     inventory = inventory_pb2.Inventory(driver=SIM, node="n", backend="sim", devices=scan.devices)
-    found = resources.resources(inventory, driver=SIM, overrides={})
+    found = resources.resources(inventory, driver=SIM, backend="sim", overrides={})
     assert {name: [d.name for d in r.devices] for name, r in found.items()} == {
         f"{SIM}/npu": [f"npu-{i}" for i in range(8)],
         f"{SIM}/gpu": [f"gpu-{i}" for i in range(4)],

@@ -66,7 +66,7 @@ def test_sanity_rules(inventory, last, reason):
 
 async def test_the_cache_keeps_the_last_good_inventory_on_disk_and_in_memory(tmp_path: Path):
     path = tmp_path / "inventory.pb"
-    cache = InventoryCache(path, driver=DRIVER, node=NODE)
+    cache = InventoryCache(path, driver=DRIVER, node=NODE, backend="sim")
     good = _inventory(7, "npu-0", "npu-1")
     assert await cache.update(good)
     before = {r: _rejected(r) for r in sanity.REASONS}
@@ -75,7 +75,7 @@ async def test_the_cache_keeps_the_last_good_inventory_on_disk_and_in_memory(tmp
         assert not await cache.update(_inventory(6, "npu-0"))
         assert not await cache.update(_inventory(7, "npu-0"))
     assert cache.current == good
-    reloaded = InventoryCache(path, driver=DRIVER, node=NODE)
+    reloaded = InventoryCache(path, driver=DRIVER, node=NODE, backend="sim")
     reloaded.load()
     assert reloaded.current == good
     assert {r: _rejected(r) - before[r] for r in sanity.REASONS} == {

@@ -90,6 +90,7 @@ def _rig(
         checkpoints=checkpoints,
         cdi_writer=CDIWriter(root, driver=DRIVER),
         driver=DRIVER,
+        backend=inventory.backend,
         partitions=partitions or SimPartitionManager(state),
     )
     return Rig(preparer, checkpoints, root, state)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,15 @@ class Rig:
     nvml: FakeMigNVML
     npu_smi: FakeVnpuNpuSmi
     cdi_root: Path
+    make_preparer: Callable[[str], ClaimPreparer]
+    backend: str = "sim"
+    """The node's own backend (`--backend`): the composite's and the preparer's."""
+
+    def use(self, inventory: inventory_pb2.Inventory) -> None:
+        """Run as a node of `inventory`'s backend, with `inventory` current."""
+        self.inventory.current = inventory
+        self.backend = inventory.backend
+        self.preparer = self.make_preparer(inventory.backend)
 
     def spec(self, uid: str) -> dict[str, Any] | None:
         path = self.cdi_root / spec_files.spec_file_name(DRIVER, uid)
@@ -98,21 +108,26 @@ def rig(tmp_path: Path, kube_reader: Any) -> Rig:
             ),
             VnpuPartitionManager(tmp_path / "vnpu-partitions.json", run_command=npu_smi),
         ],
-        backend=lambda: inventory.current.backend if inventory.current is not None else "",
+        backend=lambda: built.backend,
     )
     checkpoints = CheckpointStore(tmp_path / "checkpoint")
     checkpoints.load()
     root = tmp_path / "cdi"
     root.mkdir()
-    preparer = ClaimPreparer(
-        claims=ClaimReader(kube_reader, driver=DRIVER, pool=NODE),
-        inventory=inventory,
-        checkpoints=checkpoints,
-        cdi_writer=CDIWriter(root, driver=DRIVER),
-        driver=DRIVER,
-        partitions=partitions,
-    )
-    return Rig(preparer, partitions, inventory, nvml, npu_smi, root)
+
+    def make_preparer(backend: str) -> ClaimPreparer:
+        return ClaimPreparer(
+            claims=ClaimReader(kube_reader, driver=DRIVER, pool=NODE),
+            inventory=inventory,
+            checkpoints=checkpoints,
+            cdi_writer=CDIWriter(root, driver=DRIVER),
+            driver=DRIVER,
+            backend=backend,
+            partitions=partitions,
+        )
+
+    built = Rig(make_preparer("sim"), partitions, inventory, nvml, npu_smi, root, make_preparer)
+    return built
 
 
 def _partition_config(profile: str) -> dict[str, Any]:
@@ -144,7 +159,7 @@ def _edits(spec: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]
 async def test_a_mig_partition_reaches_the_cdi_spec_and_goes_at_unprepare(
     rig, kube_reader, make_claim
 ):
-    rig.inventory.current = _nvml_inventory(rig.nvml)
+    rig.use(_nvml_inventory(rig.nvml))
     ref = _claim(kube_reader, make_claim, "gpu-1", "1g.10gb")
     record = await rig.preparer.prepare(ref)
     [(gi, _, _)] = rig.nvml.gpu_instances_of(1)
@@ -166,7 +181,7 @@ async def test_a_mig_partition_reaches_the_cdi_spec_and_goes_at_unprepare(
 async def test_a_vnpu_partition_reaches_the_cdi_spec_and_goes_at_unprepare(
     rig, kube_reader, make_claim
 ):
-    rig.inventory.current = _ascend_inventory(2)
+    rig.use(_ascend_inventory(2))
     ref = _claim(kube_reader, make_claim, "npu-1", "vir05_1c_8g")
     await rig.preparer.prepare(ref)
     edits, common = _edits(rig.spec(ref.uid))
@@ -178,7 +193,7 @@ async def test_a_vnpu_partition_reaches_the_cdi_spec_and_goes_at_unprepare(
 
 
 async def test_recovery_removes_hardware_partitions_no_record_names(rig, kube_reader, make_claim):
-    rig.inventory.current = _nvml_inventory(rig.nvml)
+    rig.use(_nvml_inventory(rig.nvml))
     admin = rig.nvml.admin_gpu_instance(0, 0, start=0)
     kept = _claim(kube_reader, make_claim, "gpu-1", "3g.40gb")
     await rig.preparer.prepare(kept)
@@ -191,10 +206,10 @@ async def test_recovery_removes_hardware_partitions_no_record_names(rig, kube_re
     assert len(rig.nvml.gpu_instances_of(1)) == 1
 
 
-async def test_a_claim_is_made_by_the_manager_of_the_inventorys_backend(
+async def test_a_claim_is_made_by_the_manager_of_the_nodes_backend(
     rig, kube_reader, make_claim, make_inventory
 ):
-    rig.inventory.current = make_inventory("npu-0")  # the sim backend
+    rig.use(make_inventory("npu-0"))  # the sim backend
     ref = _claim(kube_reader, make_claim, "npu-0", "vir05_1c_8g")
     await rig.preparer.prepare(ref)
     assert rig.npu_smi.calls == []
@@ -202,15 +217,15 @@ async def test_a_claim_is_made_by_the_manager_of_the_inventorys_backend(
     sim = rig.partitions.managers[0]
     assert [p.claim_uid for p in await sim.partitions()] == [ref.uid]
     assert not rig.partitions.supports("tpu")
-    rig.inventory.current = None
-    with pytest.raises(ClaimError, match="the unknown backend cannot make partitions"):
+    rig.backend = "tpu"
+    with pytest.raises(ClaimError, match="the tpu backend cannot make partitions"):
         rig.partitions.check(claim_uid=ref.uid, device=inventory_pb2.Device(), profile="x")
 
 
 async def test_one_managers_failure_neither_hides_nor_keeps_another_managers_partitions(
     rig, tmp_path
 ):
-    rig.inventory.current = _ascend_inventory(1)
+    rig.use(_ascend_inventory(1))
     uid = str(uuid.uuid4())
     npu = rig.inventory.current.devices[0]
     await rig.partitions.create(claim_uid=uid, device=npu, profile="vir05_1c_8g")
@@ -223,7 +238,7 @@ async def test_one_managers_failure_neither_hides_nor_keeps_another_managers_par
 
 def test_the_agent_gets_all_three_managers_over_its_data_dir(tmp_path):
     config = AllocationConfig(node_name=NODE, plugin_data_dir=tmp_path, npu_smi_path="/x/npu-smi")
-    built = by_backend.build(config, inventory=FakeInventory(None))
+    built = by_backend.build(config)
     sim, mig, vnpu = built.managers
     assert isinstance(sim, SimPartitionManager)
     assert sim.path == tmp_path / "sim-partitions.json"

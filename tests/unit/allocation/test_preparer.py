@@ -87,6 +87,7 @@ def _rig(
         checkpoints=checkpoints,
         cdi_writer=CDIWriter(root, driver=DRIVER),
         driver=DRIVER,
+        backend="sim",
         replaced_claim_wait_s=replaced_wait_s,
         inventory_wait_s=inventory_wait_s,
     )
@@ -113,6 +114,7 @@ def test_plan_names_cdi_devices_after_the_claim_uid(make_inventory):
         _allocated(uid, ("req", "npu-0"), ("req", "npu-1")),
         make_inventory("npu-0", "npu-1"),
         driver=DRIVER,
+        backend="sim",
     )
     assert record.state is ClaimState.PREPARE_STARTED
     assert [(d.request_names, d.device, d.cdi_device_ids) for d in record.devices] == [
@@ -130,6 +132,7 @@ def test_plan_merges_env_over_the_devices_of_one_request(make_inventory):
         _allocated(uid, ("a", "npu-0"), ("a", "npu-1"), ("b", "npu-2")),
         make_inventory("npu-0", "npu-1", "npu-2"),
         driver=DRIVER,
+        backend="sim",
     )
     assert record.cdi_spec is not None
     envs = [d["containerEdits"]["env"] for d in record.cdi_spec["devices"]]
@@ -160,11 +163,13 @@ def test_plan_merges_env_over_the_devices_of_one_request(make_inventory):
 def test_plan_rejects_devices_missing_from_the_inventory(make_inventory, devices):
     inv = None if devices is None else make_inventory(*devices)
     with pytest.raises(DeviceNotAllocatableError, match="device npu-0 is not in the inventory"):
-        preparer.plan(_allocated(new_uid(), ("req", "npu-0")), inv, driver=DRIVER)
+        preparer.plan(_allocated(new_uid(), ("req", "npu-0")), inv, driver=DRIVER, backend="sim")
 
 
 def test_plan_of_a_claim_without_our_devices_writes_no_spec(make_inventory):
-    record = preparer.plan(_allocated(new_uid()), make_inventory("npu-0"), driver=DRIVER)
+    record = preparer.plan(
+        _allocated(new_uid()), make_inventory("npu-0"), driver=DRIVER, backend="sim"
+    )
     assert record.devices == ()
     assert record.cdi_spec is None
 
@@ -466,8 +471,11 @@ async def test_configs_of_other_drivers_are_ignored(rig, make_claim):
 
 def test_nvidia_kind_devices_get_mps_limits(make_inventory):
     inventory = make_inventory("gpu-0", "gpu-1")
-    for device in inventory.devices:
+    for index, device in enumerate(inventory.devices):  # as the sim publishes its GPUs
         device.kind = "gpu"
+        device.device_nodes[0].path = f"/dev/nvidia{index}"
+        del device.env["ASCEND_VISIBLE_DEVICES"]
+        device.env["NVIDIA_VISIBLE_DEVICES"] = str(index)
     claim = AllocatedClaim(
         ref=_ref("u-1"),
         results=(
@@ -487,7 +495,7 @@ def test_nvidia_kind_devices_get_mps_limits(make_inventory):
             ),
         ),
     )
-    record = preparer.plan(claim, inventory, driver=DRIVER)
+    record = preparer.plan(claim, inventory, driver=DRIVER, backend="sim")
     assert record.cdi_spec is not None
     env = record.cdi_spec["devices"][0]["containerEdits"]["env"]
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50" in env

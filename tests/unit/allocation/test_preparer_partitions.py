@@ -58,6 +58,7 @@ def _rig(tmp_path: Path, kube: Any, inventory: inventory_pb2.Inventory) -> Rig:
         checkpoints=checkpoints,
         cdi_writer=CDIWriter(root, driver=DRIVER),
         driver=DRIVER,
+        backend=inventory.backend,
         partitions=partitions,
     )
     return Rig(preparer, partitions, checkpoints, root)

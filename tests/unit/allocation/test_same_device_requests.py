@@ -33,6 +33,7 @@ def test_one_device_under_two_requests_gets_a_valid_spec_and_an_answer_per_reque
         _claim(uid, ("monitor", "npu-0"), ("debug", "npu-0"), ("debug", "npu-1")),
         make_inventory("npu-0", "npu-1"),
         driver=DRIVER,
+        backend="sim",
     )
     assert record.cdi_spec is not None
     assert spec_files.validate(record.cdi_spec) == []

@@ -78,7 +78,7 @@ def test_the_device_plugin_daemonset_runs_the_overlays_driver_as_a_device_plugin
     dra, dp = daemonsets[DRA], daemonsets[DP]
     assert _container(dp)["image"] == _container(dra)["image"]
     config = CONFIG_BUILDERS["allocation"]([], local_env(_resolved_env(dp)))
-    assert config.driver_name == OVERLAYS[overlay][0]
+    assert (config.driver_name, config.backend) == OVERLAYS[overlay]
     assert config.kubelet_api == "device-plugin"
     assert dp["spec"]["template"]["spec"]["serviceAccountName"] == "dra-allocation"
     volumes = {v["name"]: v for v in dp["spec"]["template"]["spec"]["volumes"]}
@@ -114,6 +114,7 @@ def test_without_the_component_there_is_only_the_dra_front_everywhere(overlay: s
     assert all(_selects(daemonsets[DRA], labels) for labels in NODES)
     config = CONFIG_BUILDERS["allocation"]([], local_env(_resolved_env(daemonsets[DRA])))
     assert config.kubelet_api == "dra"
+    assert config.backend == OVERLAYS[overlay][1]
 
 
 @needs_kubectl

@@ -140,6 +140,7 @@ def test_overlay_points_every_agent_at_its_driver_and_backend(overlay: str) -> N
         patched, driver
     )
     assert patched["discovery"]["BACKEND"]["value"] == backend
+    assert patched["allocation"]["BACKEND"]["value"] == backend
     assert patched["health"]["MONITOR"]["value"] == backend
 
 
