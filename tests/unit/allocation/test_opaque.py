@@ -160,7 +160,8 @@ def test_invalid_configs_name_the_offending_field(document, field):
         ),
         (
             _doc({"strategy": "SpacePartitioning", "spacePartitioning": {"memoryLimit": "10E"}}),
-            "memoryLimit: '10E' is not a positive quantity up to 8Ei",
+            "memoryLimit: '10E' is not a positive quantity up to 8Ei"
+            " (exponents of at most two digits)",
         ),
         ("TimeSlicing", "parameters: expected an object, got str"),
     ],
@@ -179,6 +180,31 @@ def test_an_attackers_long_value_is_shortened_in_the_error():
         opaque.decode(document, driver=DRIVER)
     assert caught.value.field == "sharing.timeSlicing.interval"
     assert len(str(caught.value)) < 200
+
+
+@pytest.mark.parametrize(
+    ("block", "field"),
+    [
+        ({"computePercent": None}, "computePercent"),
+        ({"memoryLimit": None}, "memoryLimit"),
+        ({"memoryLimit": " 1Gi"}, "memoryLimit"),
+        ({"memoryLimit": "1e100"}, "memoryLimit"),
+        ({"memoryLimit": "1e2147483647"}, "memoryLimit"),
+    ],
+    ids=["null-percent", "null-limit", "padded-limit", "three-digit-exponent", "huge-exponent"],
+)
+def test_what_the_admission_policy_refuses_the_agent_refuses_too(block, field):
+    """Rules of the one schema that the policy's CEL needs: null is no value, a quantity is
+    not trimmed, and its exponent has at most two digits."""
+    document = _doc({"strategy": "SpacePartitioning", "spacePartitioning": block})
+    with pytest.raises(InvalidOpaqueConfigError) as caught:
+        opaque.decode(document, driver=DRIVER)
+    assert caught.value.field == f"sharing.spacePartitioning.{field}"
+
+
+def test_a_partition_profile_is_decoded():
+    config = opaque.decode(_doc(partition={"profile": "1g.10gb"}), driver=DRIVER)
+    assert config == DeviceConfig(partition_profile="1g.10gb")
 
 
 def test_a_memory_limit_in_any_kubernetes_notation_is_read_in_whole_bytes():

@@ -26,6 +26,7 @@ from celpy.evaluation import CELEvalError
 from services.allocation import cli as allocation_cli
 from services.discovery import cli as discovery_cli
 from services.health import cli as health_cli
+from tests.unit.deploy import cel_quantity
 
 REPO = Path(__file__).resolve().parents[3]
 KUSTOMIZE = REPO / "deploy" / "kustomize"
@@ -50,6 +51,7 @@ AGENT_ENV = {  # what the deployments may set: env twins of each agent's flags
     | {"PUBLISH_DEVICE_TAINTS", "PUBLISH_SLICES"},
     "allocation": _COMMON
     | {"OTLP_ENDPOINT", "PLUGIN_REGISTRY_DIR", "PLUGIN_DATA_DIR", "CDI_ROOT", "ROLLING_UPDATE_UID"}
+    | {"BACKEND"}
     | {"NPU_SMI_PATH", "PARTITION_TIMEOUT_S"}
     | {"KUBELET_API", "DEVICE_PLUGIN_DIR", "DEVICE_PLUGIN_RESOURCES"},
     "health": _COMMON | {"OTLP_ENDPOINT", "MONITOR", "SIM_PROFILE", "TAINT_TARGET"},
@@ -431,9 +433,24 @@ def policy_with_driver(policy: dict[str, Any], driver: str) -> dict[str, Any]:
     return {**policy, "spec": {**policy["spec"], "variables": variables}}
 
 
-def _run_cel(expression: str, activation: dict[str, Any]) -> Any:
+@functools.cache
+def _program(expression: str) -> Any:
     env = celpy.Environment()
-    result = env.program(env.compile(expression)).evaluate(activation)
+    return env.program(env.compile(expression), functions=cel_quantity.FUNCTIONS)
+
+
+def compile_policy(policy: dict[str, Any]) -> None:
+    """Compile every expression of `policy` now: celpy's compiler raises the recursion limit,
+    which hypothesis refuses to see done inside a test."""
+    spec = policy["spec"]
+    for entry in [*spec.get("matchConditions", []), *spec["variables"], *spec["validations"]]:
+        for key in ("expression", "messageExpression"):
+            if key in entry:
+                _program(entry[key])
+
+
+def _run_cel(expression: str, activation: dict[str, Any]) -> Any:
+    result = _program(expression).evaluate(activation)
     if isinstance(result, CELEvalError):
         raise result
     return result
