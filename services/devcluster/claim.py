@@ -3,19 +3,25 @@
 It does what a user, kube-scheduler and the kubelet would do for one pod: create a
 ResourceClaim for N devices of the driver, allocate it on the node, reserve it for a (pretend)
 pod, and call NodePrepareResources through a kubelet emulator; `--release` unprepares and
-deletes it. It finds the stack through the endpoints `up` recorded in its work dir.
+deletes it. On a stack with the real control plane (`up --control-plane real`) it creates a
+real pod for the claim instead: kube-scheduler allocates and binds it, and the stack's kubelet
+shim prepares it; `--release` deletes the pod (the shim unprepares) and the claim. It finds
+the stack through the endpoints `up` recorded in its work dir.
 """
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 from services.devcluster import flow, workdir
+from services.devcluster.controlplane.nodes import wait_for_service_account
 from services.devcluster.kubelet import KubeletEmulator, KubeletError
 from shared.config import KubeSettings
+from shared.errors import KubeNotFoundError
 from shared.kube import resources
 from shared.kube.client import KubeClient
 
@@ -44,6 +50,9 @@ async def run_claim(request: ClaimRequest, *, out: TextIO) -> int:
     kube = await KubeClient.connect(KubeSettings(kubeconfig=endpoints["kubeconfig"]))
     kubelet = KubeletEmulator(Path(endpoints["plugin_registry_dir"]))
     try:
+        if endpoints.get("control_plane") == "real":
+            await _with_a_pod(request, endpoints=endpoints, kube=kube, out=out)
+            return 0
         await kubelet.register(driver=endpoints["driver"])
         if request.release:
             await _release(request, kube=kube, kubelet=kubelet, out=out)
@@ -115,3 +124,65 @@ async def _release(
         raise ClaimHelperError(f"unprepare {request.namespace}/{request.name}: {answer.error}")
     await kube.delete(resources.RESOURCE_CLAIMS, request.name, namespace=request.namespace)
     out.write(f"claim {request.namespace}/{request.name} unprepared and deleted\n")
+
+
+_POD_WAIT_S = 60.0
+
+
+async def _with_a_pod(
+    request: ClaimRequest, *, endpoints: dict[str, Any], kube: KubeClient, out: TextIO
+) -> None:
+    """The real control plane's way: a pod that uses the claim, scheduled and prepared."""
+    namespace, name, pod_name = request.namespace, request.name, f"{request.name}-pod"
+    if request.release:
+        with contextlib.suppress(KubeNotFoundError):
+            await kube.delete(resources.PODS, pod_name, namespace=namespace)
+        await flow.eventually(
+            lambda: _absent(kube, pod_name, namespace), timeout_s=_POD_WAIT_S,
+            what=f"pod {namespace}/{pod_name} to be released",
+        )  # fmt: skip
+        await kube.delete(resources.RESOURCE_CLAIMS, name, namespace=namespace)
+        out.write(f"pod {namespace}/{pod_name} deleted (unprepared), claim {name} deleted\n")
+        return
+    await flow.create_claim(
+        kube, namespace=namespace, name=name, device_class=endpoints["driver"],
+        count=request.count, cel="true",
+    )  # fmt: skip
+    await wait_for_service_account(kube, namespace)
+    pod = {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod_name},
+        "spec": {
+            "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                            "resources": {"claims": [{"name": "devices"}]}}],
+            "resourceClaims": [{"name": "devices", "resourceClaimName": name}],
+        },
+    }  # fmt: skip
+    await kube.create(resources.PODS, pod, namespace=namespace)
+    await flow.eventually(
+        lambda: _running(kube, pod_name, namespace), timeout_s=_POD_WAIT_S,
+        what=f"pod {namespace}/{pod_name} to be scheduled and prepared",
+    )  # fmt: skip
+    claim = await kube.get(resources.RESOURCE_CLAIMS, name, namespace=namespace)
+    uid = claim["metadata"]["uid"]
+    node = (await kube.get(resources.PODS, pod_name, namespace=namespace))["spec"]["nodeName"]
+    out.write(f"pod {namespace}/{pod_name} bound to {node} by kube-scheduler and prepared:\n")
+    out.write(
+        f"  claim {namespace}/{name} (uid {uid}): {', '.join(flow.allocated_devices(claim))}\n"
+    )
+    spec = flow.read_cdi_spec(Path(endpoints["cdi_dir"]), claim_uid=uid)
+    if spec is not None:
+        out.write(f"  CDI spec {spec['_path']}\n")
+    out.write(f"release it with: dra-suite claim {name} --release --workdir {request.workdir}\n")
+
+
+async def _running(kube: KubeClient, name: str, namespace: str) -> bool:
+    pod = await kube.get(resources.PODS, name, namespace=namespace)
+    return bool((pod.get("status") or {}).get("phase") == "Running")
+
+
+async def _absent(kube: KubeClient, name: str, namespace: str) -> bool:
+    try:
+        await kube.get(resources.PODS, name, namespace=namespace)
+    except KubeNotFoundError:
+        return True
+    return False

@@ -18,7 +18,14 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+from services.devcluster.apiserver.config import SUPPORTED_VERSIONS as EMULATED_VERSIONS
 from services.devcluster.claim import ClaimHelperError, ClaimRequest, run_claim
+from services.devcluster.controlplane import (
+    ControlPlaneNotBuiltError,
+    ControlPlaneStartError,
+    cached_binaries,
+    release,
+)
 from services.devcluster.demo import run_demo
 from services.devcluster.load import LoadPlan, LoadTarget, run_load
 from services.devcluster.stack import StackConfig
@@ -44,7 +51,19 @@ def _parser() -> argparse.ArgumentParser:
     stack = argparse.ArgumentParser(add_help=False)
     stack.add_argument("--node-name", default="demo-node")
     stack.add_argument("--sim-profile", default="mixed")
-    stack.add_argument("--kubernetes-version", default="1.36", choices=("1.34", "1.35", "1.36"))
+    stack.add_argument(
+        "--kubernetes-version",
+        default="1.36",
+        choices=("1.34", "1.35", "1.36", "1.37"),
+        help="the emulator serves 1.34-1.36; the real control plane 1.34-1.37",
+    )
+    stack.add_argument(
+        "--control-plane",
+        default="emulator",
+        choices=("emulator", "real"),
+        help="the embedded API emulator, or the real kube-apiserver, kube-scheduler and "
+        "kube-controller-manager built by `make k8s` (pods are then scheduled for real)",
+    )
     stack.add_argument(
         "--nats-cluster",
         type=int,
@@ -163,8 +182,18 @@ def _run(args: argparse.Namespace, workdir: Path) -> int:
         node_name=args.node_name,
         sim_profile=args.sim_profile,
         kubernetes_version=args.kubernetes_version,
+        control_plane=args.control_plane,
         nats_cluster=args.nats_cluster,
     )
+    if args.control_plane == "emulator" and args.kubernetes_version not in EMULATED_VERSIONS:
+        print(
+            f"dra-suite: the API emulator serves {', '.join(EMULATED_VERSIONS)}; "
+            f"use --control-plane real for {args.kubernetes_version}",
+            file=sys.stderr,
+        )
+        return 2
+    if args.control_plane == "real":
+        cached_binaries(release(args.kubernetes_version))  # before anything starts: say how
     if args.command == "up":
         return asyncio.run(_until_signal(lambda stop: run_up(config, stop=stop, out=sys.stdout)))
     return asyncio.run(_until_signal(lambda stop: _demo(config, stop)))
@@ -180,7 +209,14 @@ def main(argv: list[str] | None = None) -> None:
     workdir = (args.workdir or _WORKDIRS[args.command]).resolve()
     try:
         code = _run(args, workdir)
-    except (WorkdirBusyError, NoStackError, ClaimHelperError, DraSuiteError) as exc:
+    except (
+        WorkdirBusyError,
+        NoStackError,
+        ClaimHelperError,
+        DraSuiteError,
+        ControlPlaneNotBuiltError,
+        ControlPlaneStartError,
+    ) as exc:
         print(f"dra-suite: {exc}", file=sys.stderr)
         code = 1
     sys.exit(code)

@@ -1,15 +1,19 @@
-"""The whole suite on one machine: nats-server, the API emulator and the three agents.
+"""The whole suite on one machine: nats-server, the API emulator (or the real control plane)
+and the three agents.
 
 Every piece is a real process, wired the way a node would wire them (kubeconfig, plugin
 registry and data dirs, CDI root) under one work directory, which it holds locked while it runs.
 Each process has its own process group, so a Ctrl-C reaches only our process, and `stop()`
 stops the agents first (they drain NATS and deregister), then the API emulator, then NATS.
-Used by `dra-suite demo`, `dra-suite up` and the end-to-end tests.
+With `control_plane="real"` kube-apiserver, kube-scheduler and kube-controller-manager built by
+`make k8s` take the emulator's place (services/devcluster/controlplane). Used by
+`dra-suite demo`, `dra-suite up` and the end-to-end tests.
 """
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 import signal
 import socket
 import sys
@@ -20,6 +24,12 @@ from typing import Any
 
 import aiohttp
 
+from services.devcluster.controlplane import (
+    RealControlPlane,
+    cached_binaries,
+    register_node,
+    release,
+)
 from services.devcluster.natscluster import NATSCluster
 from services.devcluster.natsserver import NATSServerProcess
 from services.devcluster.processes import ChildProcess
@@ -49,6 +59,10 @@ class StackConfig:
     driver_name: str = "sim.dra-suite.io"
     sim_profile: str = "mixed"
     kubernetes_version: str = "1.36"
+    control_plane: str = "emulator"
+    """`emulator`, the embedded API emulator (1.34-1.36), or `real`: kube-apiserver,
+    kube-scheduler and kube-controller-manager of `kubernetes_version` (1.34-1.37), built by
+    `make k8s`; the feature gates are then the release table's, not `feature_gates`."""
     # DeviceTaintRules are off by default even in 1.36; the demo turns them on, as a cluster
     # that wants the health agent's taints must.
     feature_gates: str = "DRADeviceTaints=true,DRADeviceTaintRules=true"
@@ -95,7 +109,10 @@ class LocalStack:
     apiserver: ChildProcess | None = None
     agents: dict[str, ChildProcess] = field(default_factory=dict)
     api_url: str = ""
-    """The emulator's base URL (its `/_emulator` test-control endpoints live there too)."""
+    """The API server's base URL (the emulator's `/_emulator` test-control endpoints live there
+    too)."""
+    real: RealControlPlane | None = None
+    """The real control plane, when `config.control_plane == "real"`."""
     ops_ports: dict[str, int] = field(default_factory=dict)
     _lock: WorkdirLock | None = None
 
@@ -135,6 +152,11 @@ class LocalStack:
 
     async def _start_apiserver(self) -> None:
         cfg = self.config
+        if cfg.control_plane == "real":
+            await self._start_real_control_plane()
+            return
+        if cfg.control_plane != "emulator":
+            raise ValueError(f"control plane {cfg.control_plane!r}: want emulator or real")
         self.apiserver = ChildProcess(
             name="apiserver",
             argv=[
@@ -156,8 +178,22 @@ class LocalStack:
         line = await self.apiserver.read_line_until("apiserver_ready", timeout_s=30)
         self.api_url = line.split("url=", 1)[-1].strip()
 
+    async def _start_real_control_plane(self) -> None:
+        """kube-apiserver and friends from the machine's cache; the admin kubeconfig is the
+        stack's (ControlPlaneNotBuiltError says how to build them when they are missing)."""
+        cfg = self.config
+        binaries = cached_binaries(release(cfg.kubernetes_version))
+        self.real = RealControlPlane(binaries, cfg.workdir / "control-plane")
+        await self.real.start()
+        shutil.copyfile(self.real.admin_kubeconfig, cfg.kubeconfig)
+        self.api_url = self.real.url
+
     async def _register_node(self) -> None:
         """What the kubelet would have done: the Node object exists before the agents start."""
+        if self.real is not None:
+            async with self.kube() as kube:
+                await register_node(kube, self.config.node_name)
+            return
         async with self.kube() as kube:
             node: dict[str, Any] = {
                 "apiVersion": "v1",
@@ -299,6 +335,9 @@ class LocalStack:
         if self.apiserver is not None:
             await self.apiserver.stop()
             self.apiserver = None
+        if self.real is not None:
+            await self.real.stop()
+            self.real = None
         if self.nats is not None:
             await asyncio.to_thread(self.nats.stop)
         if self._lock is not None:
@@ -314,6 +353,7 @@ class LocalStack:
             "nats_url": self.nats.url,
             "nats_namespace": cfg.nats_namespace,
             "api_url": self.api_url,
+            "control_plane": cfg.control_plane,
             "kubeconfig": str(cfg.kubeconfig),
             "cdi_dir": str(cfg.cdi_root),
             "plugin_registry_dir": str(cfg.registry_dir),

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TextIO, TypeVar
 
 from services.devcluster import flow, workdir
+from services.devcluster.controlplane.kubeletshim import KubeletShim
 from services.devcluster.kubelet import KubeletEmulator
 from services.devcluster.stack import AGENTS, OPEN_BUS_WARNING, LocalStack, StackConfig
 
@@ -37,7 +38,8 @@ async def run_up(config: StackConfig, *, stop: asyncio.Event, out: TextIO) -> in
             out.write("stopped before the stack was up\n")
         else:
             _print_endpoints(stack.endpoints(), config=config, out=out)
-            await stop.wait()
+            async with _pods_prepared(stack, kubelet):
+                await stop.wait()
         out.write("stopping: the agents first, then the API emulator and nats-server\n")
         out.flush()
     finally:
@@ -60,6 +62,21 @@ async def _start(stack: LocalStack, kubelet: KubeletEmulator) -> None:
     workdir.write_endpoints(cfg.workdir, stack.endpoints())
 
 
+@contextlib.asynccontextmanager
+async def _pods_prepared(stack: LocalStack, kubelet: KubeletEmulator) -> AsyncIterator[None]:
+    """On the real control plane, the kubelet's DRA part: pods kube-scheduler binds to the node
+    get their claims prepared (and unprepared when deleted) through the kubelet emulator."""
+    if stack.real is None:
+        yield
+        return
+    cfg = stack.config
+    async with (
+        stack.kube() as kube,
+        KubeletShim(kube, kubelet, node=cfg.node_name, driver=cfg.driver_name),
+    ):
+        yield
+
+
 async def _unless_stopped(step: Awaitable[_T], stop: asyncio.Event) -> _T:
     """Await `step`, or cancel it and raise StoppedError when `stop` is set first."""
     task = asyncio.ensure_future(step)
@@ -80,7 +97,7 @@ def _print_endpoints(endpoints: dict[str, Any], *, config: StackConfig, out: Tex
     url, node = endpoints["nats_url"], endpoints["node"]
     rows = [
         ("NATS", f"{url}  (open bus: no auth, no TLS; 127.0.0.1 only)"),
-        ("API emulator", endpoints["api_url"]),
+        (_api_label(endpoints), endpoints["api_url"]),
         ("kubeconfig", endpoints["kubeconfig"]),
         ("CDI specs", endpoints["cdi_dir"]),
         ("plugin registry", endpoints["plugin_registry_dir"]),
@@ -105,3 +122,7 @@ def _print_endpoints(endpoints: dict[str, Any], *, config: StackConfig, out: Tex
         "Ctrl-C (or SIGTERM/SIGHUP) stops everything\n"
     )
     out.flush()
+
+
+def _api_label(endpoints: dict[str, Any]) -> str:
+    return "kube-apiserver" if endpoints.get("control_plane") == "real" else "API emulator"

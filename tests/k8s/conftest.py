@@ -20,6 +20,7 @@ import pytest
 
 from services.devcluster.controlplane import (
     NEWEST,
+    ControlPlaneBinaries,
     ControlPlaneNotBuiltError,
     RealControlPlane,
     cached_binaries,
@@ -95,6 +96,17 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     shared = session.config.stash.get(_SESSION, None)
     if shared is not None:
         shared.stop()
+
+
+@pytest.fixture(scope="session")
+def control_plane_binaries() -> ControlPlaneBinaries:
+    """The cached binaries of `$K8S`, for tests that start a control plane of their own."""
+    try:
+        return cached_binaries(release(os.environ.get("K8S") or NEWEST))
+    except ControlPlaneNotBuiltError as exc:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(str(exc), pytrace=False)
+        pytest.skip(str(exc))
 
 
 @pytest.fixture(scope="session")
