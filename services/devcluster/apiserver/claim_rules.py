@@ -103,7 +103,8 @@ def _exact(request: dict[str, Any], path: str) -> list[FieldError]:
             FieldError.not_supported(f"{path}.allocationMode", mode, ["All", "ExactCount"])
         )
     count = request.get("count")
-    if mode == "ExactCount" and count is not None and count <= 0:
+    # `count` is omitempty: kube decodes 0 as unset and defaults it to 1.
+    if mode == "ExactCount" and count is not None and count < 0:
         errors.append(FieldError.invalid(f"{path}.count", count, "must be greater than zero"))
     if mode == "All" and count:
         errors.append(

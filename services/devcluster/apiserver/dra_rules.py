@@ -34,8 +34,8 @@ def validate_slice(obj: dict[str, Any], old: dict[str, Any] | None, minor: int) 
     for i, device in enumerate(devices):
         path = f"spec.devices[{i}]"
         name = device.get("name") or ""
-        if name in seen:
-            errors.append(FieldError.duplicate(f"{path}.name", name))
+        if name in seen:  # kube 1.35+ reports the whole entry, 1.34 its name
+            errors.append(FieldError.duplicate(path if minor >= 35 else f"{path}.name", name))
         seen.add(name)
         errors += _device(device, path, minor=minor, per_device=per_device)
     errors += _shared_counters(spec, minor)

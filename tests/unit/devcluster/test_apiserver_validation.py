@@ -138,7 +138,8 @@ SLICE_CASES: list[tuple[str, int, Mutation, list[tuple[str, str]]]] = [
         [("spec.devices[0].attributes[none]", "FieldValueRequired")],
     ),
     ("1.36", 1, _many_attributes, [("spec.devices[0].attributes", "FieldValueTooMany")]),
-    ("1.36", 2, _duplicate_names, [("spec.devices[1].name", "FieldValueDuplicate")]),
+    ("1.36", 2, _duplicate_names, [("spec.devices[1]", "FieldValueDuplicate")]),
+    ("1.34", 2, _duplicate_names, [("spec.devices[1].name", "FieldValueDuplicate")]),
     (
         "1.36",
         1,
@@ -226,6 +227,7 @@ SLICE_CASES: list[tuple[str, int, Mutation, list[tuple[str, str]]]] = [
         "two-slashes-in-attribute-name", "attribute-identifier-too-long", "bad-attribute-domain",
         "bad-semver", "full-semver", "string-over-64-bytes", "two-values-in-attribute",
         "no-value-in-attribute", "33-attributes-and-capacities", "duplicate-device-names",
+        "duplicate-device-names-1.34",
         "device-name-not-dns-label", "bad-taint-effect", "none-effect-on-1.34",
         "none-effect-on-1.35", "5-taints-on-1.34", "5-taints-on-1.35", "17-taints-on-1.35",
         "bad-taint-key", "driver-too-long", "driver-not-dns", "driver-upper-case-allowed",
