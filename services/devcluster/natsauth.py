@@ -14,7 +14,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["AuthCallout", "JWTTrust", "ServerAuth", "ServerTLS", "render_config"]
+__all__ = [
+    "APP_ACCOUNT_LIMITS",
+    "AuthCallout",
+    "JWTTrust",
+    "ServerAuth",
+    "ServerTLS",
+    "render_config",
+]
+
+APP_ACCOUNT_LIMITS = (
+    "jetstream: { max_memory: 512MB, max_file: 1280MB, max_streams: 16, max_consumers: 50000 }",
+    "limits: { max_connections: 20000, max_subscriptions: 256, max_payload: 1MB }",
+)
+"""The app account's limits, as `deploy/kustomize/base/nats.yaml` sets them: room for the
+streams' reservations (1 GiB) and for 5,000 nodes (3 connections and 9 consumers each)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -112,7 +126,9 @@ def render_config(auth: ServerAuth) -> str:
         lines += [f"  key_file: {_quote(tls.key_file)}"]
         if tls.ca_file is not None:
             lines += [f"  ca_file: {_quote(tls.ca_file)}"]
-        lines += [f"  verify: {'true' if tls.verify_clients else 'false'}", "  timeout: 5", "}"]
+        lines += [f"  verify: {'true' if tls.verify_clients else 'false'}", "  timeout: 5"]
+        # The handshake before INFO, as the deployed server does (clients insist on it).
+        lines += ["  handshake_first: true", "}"]
     return "\n".join(lines) + "\n"
 
 
@@ -120,7 +136,9 @@ def _callout_lines(callout: AuthCallout) -> list[str]:
     xkey = [f"    xkey: {_quote(callout.xkey)}"] if callout.xkey else []
     return [
         "accounts {",
-        f"  {callout.app_account}: {{ jetstream: enabled }}",
+        f"  {callout.app_account}: {{",
+        *[f"    {line}" for line in APP_ACCOUNT_LIMITS],
+        "  }",
         "  AUTH: { users: [",
         f"    {{user: {_quote(callout.auth_user)}, password: {_quote(callout.auth_password)}}}",
         "  ] }",

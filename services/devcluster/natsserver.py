@@ -23,6 +23,7 @@ __all__ = ["NATSServerError", "NATSServerProcess", "find_binary"]
 
 _LISTEN = re.compile(r"Listening for client connections on [^:\s]+:(\d+)")
 _READY = "Server is ready"
+_DEV_JETSTREAM = "jetstream {\n  max_file_store: 100TB\n}\n"
 
 
 class NATSServerError(RuntimeError):
@@ -81,12 +82,15 @@ class NATSServerProcess:
         return self.store_dir / "nats-server.conf"
 
     def _config_args(self) -> list[str]:
-        if self.auth is None:
+        if "--config" in self.extra_args:
             return []
         # Owner-only: it holds the test users' passwords and tokens.
         fd = os.open(self.config_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as config:
-            config.write(render_config(self.auth))
+            config.write(render_config(self.auth) if self.auth is not None else "")
+            # Streams reserve their max_bytes against the server's store limit (by default a
+            # share of the free disk): a test server holds the buckets of many namespaces.
+            config.write(_DEV_JETSTREAM)
         return ["--config", str(self.config_path)]
 
     @property

@@ -1,10 +1,11 @@
 """The auth service's wiring: its own NATS user, the kube client, and the callout responder.
 
-Tasks: bus-connector and callout-responder (answers `$SYS.REQ.USER.AUTH`, opening sealed
-requests and sealing answers when an xkey is configured). Requests are answered concurrently
-(at most `MAX_IN_FLIGHT`): after a NATS restart every agent reconnects at once, and one slow
-TokenReview must not hold the others past nats-server's callout timeout. No decision logic
-lives here.
+Tasks: bus-connector, callout-responder (answers `$SYS.REQ.USER.AUTH`, opening sealed
+requests and sealing answers when an xkey is configured) and stream-provisioner (makes every
+stream of the app account through its own callout, `provisioner`). Requests are answered
+concurrently (at most `MAX_IN_FLIGHT`): after a NATS restart every agent reconnects at once,
+and one slow TokenReview must not hold the others past nats-server's callout timeout. No
+decision logic lives here.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from services.natsauth import instruments, keys
 from services.natsauth.authorizer import Authorizer, Decision
 from services.natsauth.config import AuthServiceConfig
 from services.natsauth.identity import Policy
+from services.natsauth.provisioner import Provisioner
 from services.natsauth.tokenreview import KubeTokenReviewer, TokenReviewer
 from shared import opsserver
 from shared.bus.connection import Bus
@@ -41,6 +43,7 @@ class AuthService:
         self.config = config
         self.ready = asyncio.Event()
         self.bus = Bus(config.nats, name="dra-nats-auth")
+        self.provisioner = Provisioner(config.nats)
         self._reviewer = reviewer
         self._xkey = config.xkey()
         self.authorizer: Authorizer
@@ -71,18 +74,24 @@ class AuthService:
             account=config.target_account,
             audience=config.audience,
             issuer=config.issuer(),
+            provisioner=self.provisioner.admits,
         )
         await opsserver.open_ops_server(
-            config.ops, resources, ready=self.ready, readiness={"nats": self._subscribed}
-        )
+            config.ops, resources, ready=self.ready,
+            readiness={"nats": self._subscribed, "streams": self._provisioned},
+        )  # fmt: skip
 
     async def _subscribed(self) -> str | None:
         return None if self.subscribed.is_set() and self.bus.connected.is_set() else "no nats"
+
+    async def _provisioned(self) -> str | None:
+        return None if self.provisioner.done.is_set() else "streams not provisioned"
 
     def spawn(self, tg: asyncio.TaskGroup) -> None:
         for name, coro in {
             "bus-connector": self.bus.run(),
             "callout-responder": self._respond_forever(),
+            "stream-provisioner": self._provision_forever(),
         }.items():
             tg.create_task(eternal(name, coro), name=name)
 
@@ -98,6 +107,10 @@ class AuthService:
             self.subscribed.set()
             log.info("nats_auth_serving", subject=AUTH_SUBJECT)
             await asyncio.Event().wait()
+
+    async def _provision_forever(self) -> None:
+        await self.subscribed.wait()  # its own connection goes through this callout
+        await self.provisioner.run(self.bus)
 
     async def handle(self, msg: Msg) -> None:
         """nats-py calls this once per request, in order: hand it to a task and return."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import jwt
 import structlog
 
-from services.natsauth import callout, identity, permissions
+from services.natsauth import callout, identity, permissions, provisioner
 from services.natsauth.identity import Identity, Policy, Refusal
 from services.natsauth.keys import SigningKey
 from services.natsauth.tokenreview import TokenReviewer
@@ -60,7 +60,9 @@ class Authorizer:
         audience: str,
         issuer: SigningKey,
         clock: Callable[[], float] = time.time,
+        provisioner: Callable[[str], bool] = lambda token: False,
     ) -> None:
+        """`provisioner` tells this process's own provisioning token (`provisioner`)."""
         self._reviewer = reviewer
         self._policy = policy
         self._drivers = tuple(drivers)
@@ -69,6 +71,7 @@ class Authorizer:
         self._audience = audience
         self._issuer = issuer
         self._clock = clock
+        self._provisioner = provisioner
 
     async def authorize(self, request_jwt: str) -> Decision:
         try:
@@ -76,15 +79,20 @@ class Authorizer:
         except callout.CalloutError as exc:
             log.warning("nats_auth_request_invalid", error=str(exc))
             return Decision(allowed=False, reason="bad_request")
-        found = await self._identify(request.token)
         now = self._clock()
-        if isinstance(found, Refusal):
-            return self._refuse(request, found, now=now)
-        expires_at = _token_expiry(request.token)
+        found: Identity
+        if request.token and self._provisioner(request.token):
+            found = Identity(role=permissions.PROVISIONER)
+            expires_at: int | None = int(now) + provisioner.LEASE_S
+        else:
+            reviewed = await self._identify(request.token)
+            if isinstance(reviewed, Refusal):
+                return self._refuse(request, reviewed, now=now)
+            found, expires_at = reviewed, _token_expiry(request.token)
         if expires_at is None or expires_at <= now:
             return self._refuse(request, Refusal("token_expiry", "token without expiry"), now=now)
         grants = permissions.for_identity(found, drivers=self._drivers, names=self._names)
-        name = f"{found.role}/{found.node}" if found.node else f"operator/{found.username}"
+        name = f"{found.role}/{found.node}" if found.node else f"{found.role}/{found.username}"
         response = callout.user_response(
             request, grants, name=name, account=self._account,
             expires_at=expires_at, issuer=self._issuer, now=now,

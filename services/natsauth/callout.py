@@ -100,9 +100,6 @@ def user_response(
         "exp": expires_at,
         "nats": {
             **permissions.claims(),
-            "subs": -1,
-            "data": -1,
-            "payload": -1,
             "type": "user",
             "version": 2,
         },

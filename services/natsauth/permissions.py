@@ -1,10 +1,12 @@
 """Identity -> NATS permissions: what each role may publish and subscribe to, subject by subject.
 
 Every subject comes from `shared.bus.subjects.Names`, and is one an agent's own call sends:
-KV puts (`$KV.<bucket>.<key>`), direct gets with the key in the API subject, named consumers
-with the filter in the API subject, JetStream publishes, control requests and their replies.
-A node's grants name its own driver/node tokens only. Nobody may update, delete or purge a
-stream, delete a message or a consumer: `DENIED` is added to every identity. Pure.
+KV puts (`$KV.<bucket>.<key>`), direct gets with the key in the API subject, its own named
+consumers (`<role>-<node>-<purpose>`, the name and the filter in the API subject, and deleting
+exactly those), JetStream publishes, control requests and their replies. A node's grants name
+its own driver/node tokens only. Nobody but the provisioner creates or updates a stream; nobody
+deletes or purges one or deletes a message: `DENIED` is added to every other identity. Each
+user JWT carries limits on subscriptions, data and payload (`Limits`). Pure.
 """
 
 from __future__ import annotations
@@ -16,18 +18,37 @@ from typing import Any
 from services.natsauth.identity import Identity
 from shared.bus.subjects import Names
 
-__all__ = ["DENIED", "Permissions", "for_identity"]
+__all__ = ["DENIED", "PROVISIONER", "Limits", "Permissions", "for_identity"]
 
-DENIED = (
-    "$JS.API.STREAM.UPDATE.>",
+PROVISIONER = "provisioner"
+"""The auth service's own role in the app account: it makes every stream, before any agent."""
+
+_NEVER = (
     "$JS.API.STREAM.DELETE.>",
     "$JS.API.STREAM.PURGE.>",
     "$JS.API.STREAM.MSG.DELETE.>",
-    "$JS.API.CONSUMER.DELETE.>",
     "$JS.API.STREAM.SNAPSHOT.>",
     "$JS.API.STREAM.RESTORE.>",
     "$JS.API.ACCOUNT.PURGE.>",
 )
+DENIED = ("$JS.API.STREAM.CREATE.>", "$JS.API.STREAM.UPDATE.>", *_NEVER)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The `subs`, `data` and `payload` limits of a user JWT (-1: none)."""
+
+    subs: int
+    data: int
+    payload: int
+
+
+_MIB = 1 << 20
+# An agent holds its inbox, its control subject and one subscription per watch; its largest
+# message is an inventory (the inventory bucket's max_msg_size).
+AGENT_LIMITS = Limits(subs=64, data=64 * _MIB, payload=1 * _MIB)
+OPERATOR_LIMITS = Limits(subs=1024, data=256 * _MIB, payload=1 * _MIB)
+PROVISIONER_LIMITS = Limits(subs=8, data=1 * _MIB, payload=64 * 1024)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,12 +59,16 @@ class Permissions:
     allow_responses: bool = False
     """Reply once to each request received (control requests to the health agent)."""
     inbox: str = ""
+    limits: Limits = AGENT_LIMITS
 
     def claims(self) -> dict[str, Any]:
-        """The `pub`, `sub` and `resp` fields of a NATS user JWT."""
+        """The `pub`, `sub`, `resp` and limit fields of a NATS user JWT."""
         body: dict[str, Any] = {
             "pub": {"allow": list(self.publish), "deny": list(self.deny_publish)},
             "sub": {"allow": list(self.subscribe)},
+            "subs": self.limits.subs,
+            "data": self.limits.data,
+            "payload": self.limits.payload,
         }
         if self.allow_responses:
             body["resp"] = {"max": 1, "ttl": 0}
@@ -53,19 +78,25 @@ class Permissions:
 @dataclass
 class _Grants:
     names: Names
+    role: str
+    node: str
     publish: list[str] = field(default_factory=list)
     subscribe: list[str] = field(default_factory=list)
 
     def bucket(self, bucket: str) -> None:
-        """Open (info) and create the bucket: agents create what they use on an empty server."""
-        stream = self.names.kv_stream(bucket)
-        self.publish += [self.names.js_stream_info(stream), self.names.js_stream_create(stream)]
+        """Open the bucket (stream info): nats-py and the config check read it."""
+        self.publish.append(self.names.js_stream_info(self.names.kv_stream(bucket)))
 
-    def read(self, bucket: str, keys: Iterable[str]) -> None:
+    def read(
+        self, bucket: str, keys: Iterable[str], *, purposes: Iterable[str] = ("watch",)
+    ) -> None:
         self.bucket(bucket)
         for key in keys:
             self.publish.append(self.names.js_direct_get(bucket, key))
-            self.publish.append(self.names.js_consumer_create(bucket, key))
+            for purpose in purposes:
+                name = self.names.consumer(self.role, self.node, purpose)
+                self.publish.append(self.names.js_consumer_create(bucket, key, consumer=name))
+                self.publish.append(self.names.js_consumer_delete(bucket, name))
 
     def write(self, bucket: str, keys: Iterable[str]) -> None:
         self.bucket(bucket)
@@ -84,8 +115,10 @@ def for_identity(identity: Identity, *, drivers: Iterable[str], names: Names) ->
     """The grants of `identity`, for every driver its agents may act for."""
     if identity.role == "operator":
         return _operator(names)
-    grants = _Grants(names)
+    if identity.role == PROVISIONER:
+        return _provisioner(names)
     node = identity.node
+    grants = _Grants(names, identity.role, node)
     for driver in drivers:
         inventory = names.inventory_key(driver, node)
         health = names.health_keys(driver, node)
@@ -101,12 +134,11 @@ def for_identity(identity: Identity, *, drivers: Iterable[str], names: Names) ->
                 grants.write(names.claims_bucket, [claims])
                 grants.read(names.claims_bucket, [claims])
             case "health":
-                grants.read(names.inventory_bucket, [inventory])
+                grants.read(names.inventory_bucket, [inventory], purposes=("watch", "sim"))
                 grants.write(names.health_bucket, [health])
                 grants.read(names.health_bucket, [health])
                 grants.read(names.claims_bucket, [claims])
-                stream = names.alerts_stream
-                grants.publish += [names.js_stream_info(stream), names.js_stream_create(stream)]
+                grants.publish.append(names.js_stream_info(names.alerts_stream))
                 grants.publish.append(names.alerts(driver, node))
                 grants.subscribe.append(names.node_control(driver, node))
             case _:
@@ -115,8 +147,21 @@ def for_identity(identity: Identity, *, drivers: Iterable[str], names: Names) ->
     return grants.build(inbox, allow_responses=identity.role == "health")
 
 
+def _provisioner(names: Names) -> Permissions:
+    """Create, read and update the bus's streams, and nothing else (no message, no consumer)."""
+    streams = [names.kv_stream(bucket) for bucket in names.buckets] + [names.alerts_stream]
+    publish = ["$JS.API.INFO"]
+    for stream in streams:
+        publish += [f"$JS.API.STREAM.{call}.{stream}" for call in ("INFO", "CREATE", "UPDATE")]
+    inbox = names.inbox_prefix(PROVISIONER)
+    return Permissions(
+        publish=tuple(publish), subscribe=(f"{inbox}.>",), deny_publish=_NEVER, inbox=inbox,
+        limits=PROVISIONER_LIMITS,
+    )  # fmt: skip
+
+
 def _operator(names: Names) -> Permissions:
-    """Read everything, send control requests; the same denials as everyone."""
+    """Read everything, send control requests, remove stale consumers; the same denials."""
     publish = [
         names.control_wildcard,
         "$JS.API.INFO",
@@ -127,11 +172,14 @@ def _operator(names: Names) -> Permissions:
         "$JS.API.DIRECT.GET.>",
         "$JS.API.CONSUMER.CREATE.>",
         "$JS.API.CONSUMER.INFO.>",
+        "$JS.API.CONSUMER.NAMES.>",
+        "$JS.API.CONSUMER.LIST.>",
+        "$JS.API.CONSUMER.DELETE.>",
         "$JS.API.CONSUMER.MSG.NEXT.>",
         "$JS.ACK.>",
         "$JS.FC.>",
     ]
-    publish += [names.js_stream_create(names.kv_stream(bucket)) for bucket in names.buckets]
-    publish.append(names.js_stream_create(names.alerts_stream))
     inbox = names.inbox_prefix("operator")
-    return Permissions(publish=tuple(publish), subscribe=(f"{inbox}.>",), inbox=inbox)
+    return Permissions(
+        publish=tuple(publish), subscribe=(f"{inbox}.>",), inbox=inbox, limits=OPERATOR_LIMITS
+    )

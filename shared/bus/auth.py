@@ -1,5 +1,8 @@
 """NATS credentials and TLS: checked when settings are built, turned into `nats.connect` options.
 
+With TLS configured the handshake comes first (`tls_handshake_first`; the server's `tls` block
+says `handshake_first: true`), so no credential leaves before the peer proved the certificate.
+
 Secret files (a Kubernetes Secret mounted as files) are the way to hand secrets to an agent:
 passwords, tokens and `.creds` files are read again at every (re)connect, so a rotated Secret is
 picked up by the next reconnect; an nkey seed is read once per Bus. No error raised here holds
@@ -260,4 +263,7 @@ def connect_options(settings: AuthSettings) -> dict[str, Any]:
         options.update(_creds_callbacks(settings.creds_file))
     if _wants_tls(settings):
         options["tls"] = _tls_context(settings)
+        # TLS before the server's INFO: nats-py otherwise starts TLS only when that plaintext
+        # INFO asks for it, and whoever answers first would get the credentials in clear.
+        options["tls_handshake_first"] = True
     return options

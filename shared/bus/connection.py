@@ -21,12 +21,12 @@ import structlog
 from nats.aio.client import Client as NATSClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.js import JetStreamContext, api
-from nats.js.kv import KeyValue
+from nats.js import JetStreamContext
+from nats.js.kv import KV_DEL, KV_OP, KeyValue
 
 from shared import metrics, telemetry
 from shared.backoff import Backoff
-from shared.bus import auth, convergence, origin
+from shared.bus import auth, convergence, origin, streams
 from shared.bus.subjects import Names
 from shared.cancellation import reraise_if_cancelling
 from shared.config import NATSSettings
@@ -139,6 +139,11 @@ class Bus:
         self.names = Names(settings.namespace)
         self.name = name
         self.inbox_prefix = self.names.inbox_prefix(component, node) if component else ""
+        self.component = component
+        self.node = node
+        # (stream, consumer name) of the watches running: one name, one watch per process.
+        self.consumers_held: set[tuple[str, str]] = set()
+        self.marker_ttl_s = streams.MARKER_TTL_S
         self.reconnects = 0
         self.connected = asyncio.Event()
         # Incremented on every (re)connect; watchers compare it to know they must resubscribe.
@@ -297,85 +302,37 @@ class Bus:
             raise BusUnavailableError("nats is not connected")
         return self._nc
 
-    async def kv(self, bucket: str, *, history: int = 1) -> KeyValue:
-        """The bucket, created on first use with this bus's replicas; safe when several agents
-        race to create it. An existing bucket is brought to the wanted settings (`convergence`)."""
+    async def kv(self, bucket: str) -> KeyValue:
+        """The bucket, once it is as its provisioner makes it (`convergence.ensure`: on the open
+        bus the first client creates it). A bucket whose owned settings differ raises
+        `StreamTamperedError`: the agent exits rather than trust it."""
         if (cached := self._buckets.get(bucket)) is not None:
             return cached
         js = self.js
         stream = self.names.kv_stream(bucket)
-        try:
-            try:
-                info = await js.stream_info(stream)
-            except nats.js.errors.NotFoundError:
-                config = convergence.kv_stream(
-                    bucket, history=history, replicas=self.settings.replicas
-                )
-                try:
-                    info = await js.add_stream(config)
-                except nats.js.errors.BadRequestError as exc:
-                    info = await self._created_meanwhile(stream, exc)  # another agent was first
-        except _UNAVAILABLE as exc:
-            raise BusUnavailableError(f"kv bucket {bucket}: {exc}", subject=bucket) from exc
-        wanted = {
-            "allow_direct": True,
-            "num_replicas": self.settings.replicas,
-            "max_consumers": convergence.MAX_CONSUMERS,
-        }
-        config = await convergence.converge(
-            js, info.config, wanted, reported=self._drift_reported, bucket=bucket
-        )
-        kv = KeyValue(
-            name=bucket,
-            stream=stream,
-            pre=f"$KV.{bucket}.",
-            js=js,
-            direct=bool(config.allow_direct),
-        )
+        await convergence.ensure(
+            self.nc, streams.kv_stream(bucket, replicas=self.settings.replicas),
+            timeout_s=self.settings.request_timeout_s, reported=self._drift_reported,
+            bucket=bucket,
+        )  # fmt: skip
+        kv = KeyValue(name=bucket, stream=stream, pre=f"$KV.{bucket}.", js=js, direct=True)
         self._buckets[bucket] = kv
         return kv
-
-    async def _created_meanwhile(self, stream: str, refusal: Exception) -> api.StreamInfo:
-        """The stream a refused create found already there; else the refusal (e.g. more
-        replicas than servers) as a recoverable error that names the server's reason."""
-        try:
-            return await self.js.stream_info(stream)
-        except nats.js.errors.NotFoundError:
-            raise BusUnavailableError(f"create {stream}: {refusal}", subject=stream) from refusal
 
     async def ensure_stream(
         self, *, name: str, subjects: list[str], max_age_s: float, duplicate_window_s: float
     ) -> None:
-        """Create the stream (with this bus's replicas), or converge an existing one; idempotent."""
-        config = api.StreamConfig(
-            name=name,
-            subjects=subjects,
-            max_age=max_age_s,
-            duplicate_window=duplicate_window_s,
-            storage=api.StorageType.FILE,
-            num_replicas=self.settings.replicas,
-            max_consumers=convergence.MAX_CONSUMERS,
-        )
-        try:
-            try:
-                info = await self.js.stream_info(name)
-            except nats.js.errors.NotFoundError:
-                try:
-                    await self.js.add_stream(config)
-                    return
-                except nats.js.errors.BadRequestError as exc:
-                    info = await self._created_meanwhile(name, exc)
-        except _UNAVAILABLE as exc:
-            raise BusUnavailableError(f"stream {name}: {exc}", subject=name) from exc
-        wanted = {
-            "subjects": subjects,
-            "max_age": max_age_s,
-            "duplicate_window": duplicate_window_s,
-            "storage": api.StorageType.FILE,
-            "num_replicas": self.settings.replicas,
-            "max_consumers": convergence.MAX_CONSUMERS,
-        }
-        await convergence.converge(self.js, info.config, wanted, reported=self._drift_reported)
+        """The alert stream, once it is as its provisioner makes it; its retention
+        (`max_age_s`, `duplicate_window_s`) is this agent's wish, not a condition."""
+        wanted = streams.alerts_stream(
+            name, subjects, replicas=self.settings.replicas, max_age_s=max_age_s,
+            duplicate_window_s=duplicate_window_s,
+        )  # fmt: skip
+        await convergence.ensure(
+            self.nc, wanted, timeout_s=self.settings.request_timeout_s,
+            reported=self._drift_reported,
+            tunable=(*streams.TUNABLE, "max_age", "duplicate_window"),
+        )  # fmt: skip
 
     async def kv_put(self, bucket: str, key: str, value: bytes) -> int:
         kv = await self.kv(bucket)
@@ -404,9 +361,11 @@ class Bus:
         raise AssertionError("unreachable: the last pause is None")
 
     async def kv_delete(self, bucket: str, key: str) -> None:
-        kv = await self.kv(bucket)
+        """Put the key's delete marker, which expires after `marker_ttl_s`."""
+        await self.kv(bucket)
+        headers = {KV_OP: KV_DEL, "Nats-TTL": f"{self.marker_ttl_s}s"}
         try:
-            await kv.delete(key)
+            await self.js.publish(self.names.kv_subject(bucket, key), b"", headers=headers)
         except _UNAVAILABLE as exc:
             raise BusUnavailableError(f"kv delete {bucket}/{key}: {exc}", subject=key) from exc
 

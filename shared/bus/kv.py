@@ -11,12 +11,18 @@ nothing to deliver; a watch that hears nothing, neither entry nor heartbeat, for
 replaying as after a reconnect.
 
 Each (re)start creates a *named* push consumer through
-`$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>`, the one consumer-create form whose filter
-is in the subject, so nats-server can allow a node agent to watch its own keys and nothing
-else (`services.natsauth.permissions`). It delivers to this Bus's own inbox; the server
-removes it once nobody listens. An entry that is JetStream's own answer (`origin`) was not put
-by a client but redirected into the bucket as the reply of someone's request; it is dropped
-and logged, as nats-server cannot refuse reply subjects.
+`$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>`, the one consumer-create form whose name
+and filter are in the subject, so nats-server can allow a node agent to create exactly its own
+consumers on its own keys (`services.natsauth.permissions`). A node agent's consumer has one
+name, `<role>-<node>-<purpose>`: a (re)start deletes its old one first (so the new one replays
+from scratch), and nobody else may create or delete it. Other buses (operator, tests) use
+random names. It delivers to this Bus's own inbox; the server removes it once nobody listens.
+
+An entry counts only when it came from this watch's consumer on this stream and its key is one
+the watch asked for: someone else's consumer can be made to deliver into our inbox. An entry
+that is JetStream's own answer (`origin`) was not put by a client but redirected into the bucket
+as the reply of someone's request. Both are dropped and logged (`kv_entry_dropped`,
+`security=true`), as nats-server can refuse neither.
 """
 
 from __future__ import annotations
@@ -40,9 +46,9 @@ from shared.backoff import Backoff
 from shared.bus import origin
 from shared.bus.connection import Bus
 from shared.cancellation import reraise_if_cancelling
-from shared.errors import BusUnavailableError
+from shared.errors import BusUnavailableError, ProgrammingError
 
-__all__ = ["KVChange", "watch"]
+__all__ = ["KVChange", "consumer_name", "watch"]
 
 _WATCH_FAILED = (BusUnavailableError, nats.errors.Error, TimeoutError)
 _MARKER_REASON = "Nats-Marker-Reason"
@@ -75,9 +81,50 @@ class _Watcher:
     """How many entries the consumer had to replay when it was created (0: synced at once)."""
 
 
-async def _start(bus: Bus, *, bucket: str, keys: str) -> _Watcher:
+@dataclass(frozen=True, slots=True)
+class _Source:
+    """Where this watch's entries come from: the stream, the consumer, the keys' filter."""
+
+    stream: str
+    consumer: str
+    prefix: str
+    keys: str
+
+    def admits(self, msg: Msg) -> bool:
+        meta = msg.metadata
+        if meta.stream != self.stream or meta.consumer != self.consumer:
+            return False
+        return msg.subject.startswith(self.prefix) and _matches(
+            msg.subject[len(self.prefix) :], self.keys
+        )
+
+
+def _matches(key: str, pattern: str) -> bool:
+    """NATS subject matching of a key against a filter with `*` and `>`."""
+    tokens, wanted = key.split("."), pattern.split(".")
+    for index, part in enumerate(wanted):
+        if part == ">":
+            return len(tokens) > index
+        if index >= len(tokens) or (part != "*" and part != tokens[index]):
+            return False
+    return len(tokens) == len(wanted)
+
+
+def consumer_name(bus: Bus, purpose: str) -> str:
+    """The exact name of a node agent's watch; "" for a bus without a node (random names)."""
+    if bus.component and bus.node:
+        return bus.names.consumer(bus.component, bus.node, purpose)
+    return ""
+
+
+async def _start(bus: Bus, *, bucket: str, keys: str, name: str) -> _Watcher:
     nc, js, names = bus.nc, bus.js, bus.names
-    await bus.kv(bucket)  # created on first use, as before
+    stream = names.kv_stream(bucket)
+    await bus.kv(bucket)
+    if bus.node and bus.component:
+        # Our own consumer of a previous start (or process) goes: a new one replays anew.
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await js.delete_consumer(stream, name)
     queue: asyncio.Queue[Msg] = asyncio.Queue()
 
     async def enqueue(msg: Msg) -> None:
@@ -87,7 +134,7 @@ async def _start(bus: Bus, *, bucket: str, keys: str) -> _Watcher:
     # Subscribed before the consumer exists, so no delivery can come before the listener.
     subscription = await nc.subscribe(deliver, cb=enqueue)
     config = api.ConsumerConfig(
-        name=f"w{secrets.token_hex(8)}",
+        name=name,
         filter_subject=names.kv_subject(bucket, keys),
         deliver_subject=deliver,
         deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
@@ -99,7 +146,7 @@ async def _start(bus: Bus, *, bucket: str, keys: str) -> _Watcher:
         idle_heartbeat=bus.settings.watch_heartbeat_s,
     )
     try:
-        info = await js.add_consumer(names.kv_stream(bucket), config=config)
+        info = await js.add_consumer(stream, config=config)
     except BaseException:
         with contextlib.suppress(nats.errors.Error, TimeoutError):
             await subscription.unsubscribe()
@@ -108,42 +155,59 @@ async def _start(bus: Bus, *, bucket: str, keys: str) -> _Watcher:
     return _Watcher(subscription, queue, replay=(info.num_pending or 0) + (delivered or 0))
 
 
-def _change(msg: Msg, *, prefix: str) -> KVChange | None:
+def _change(msg: Msg, *, source: _Source) -> KVChange | None:
     headers = msg.headers or {}
     # The consumer's own delivery has reply `$JS.ACK...`: judge the entry by headers and data.
     if origin.is_jetstream_reply(reply="", headers=headers, data=msg.data):
-        log.warning(
-            "kv_entry_dropped", subject=msg.subject, reason="jetstream_reply", security=True
-        )
+        _dropped(msg, reason="jetstream_reply")
         return None
     operation = headers.get(KV_OP) or (
         KV_PURGE if headers.get(_MARKER_REASON) in ("MaxAge", "Purge", "Remove") else None
     )
     deleted = operation in (KV_DEL, KV_PURGE)
     return KVChange(
-        key=msg.subject[len(prefix) :],
+        key=msg.subject[len(source.prefix) :],
         value=None if deleted else msg.data,
         revision=msg.metadata.sequence.stream,
     )
 
 
-async def watch(bus: Bus, *, bucket: str, keys: str) -> AsyncIterator[KVChange]:
+async def watch(
+    bus: Bus, *, bucket: str, keys: str, purpose: str = "watch"
+) -> AsyncIterator[KVChange]:
     """Yield changes of `keys` in `bucket` forever, resubscribing after reconnects and when
-    the consumer is lost (no entry nor heartbeat for `_STALL_HEARTBEATS` heartbeats)."""
+    the consumer is lost (no entry nor heartbeat for `_STALL_HEARTBEATS` heartbeats).
+    `purpose` tells two watches of one bucket in one process apart (`WATCH_PURPOSES`)."""
+    name = consumer_name(bus, purpose)
+    held = (bus.names.kv_stream(bucket), name)
+    if name and held in bus.consumers_held:
+        raise ProgrammingError(f"two watches of {bucket} for {purpose!r} in one process")
+    bus.consumers_held.add(held)
+    try:
+        async for change in _watch(bus, bucket=bucket, keys=keys, name=name):
+            yield change
+    finally:
+        bus.consumers_held.discard(held)
+
+
+async def _watch(bus: Bus, *, bucket: str, keys: str, name: str) -> AsyncIterator[KVChange]:
     backoff = Backoff(initial_s=0.1, max_s=5.0)
-    prefix = bus.names.kv_subject(bucket, "")
+    names = bus.names
+    prefix = names.kv_subject(bucket, "")
     stall_s = _STALL_HEARTBEATS * bus.settings.watch_heartbeat_s
     loop = asyncio.get_running_loop()
     while True:
         await bus.connected.wait()
         epoch = bus.epoch
         try:
-            watcher = await _start(bus, bucket=bucket, keys=keys)
+            consumer = name or f"w{secrets.token_hex(8)}"
+            watcher = await _start(bus, bucket=bucket, keys=keys, name=consumer)
             reraise_if_cancelling()
         except (*_WATCH_FAILED, nats.js.errors.Error) as exc:
             await _pause_after(exc, bucket=bucket, backoff=backoff)
             continue
         backoff.reset()
+        source = _Source(names.kv_stream(bucket), consumer, prefix=prefix, keys=keys)
         reconnected = asyncio.ensure_future(bus.wait_epoch_after(epoch))
         update: asyncio.Future[Msg] | None = None
         try:
@@ -171,7 +235,10 @@ async def watch(bus: Bus, *, bucket: str, keys: str) -> AsyncIterator[KVChange]:
                 heard_at = loop.time()
                 if not msg.reply.startswith("$JS.ACK."):
                     continue  # a heartbeat, or not of the consumer (no metadata): no entry
-                change = _change(msg, prefix=prefix)
+                if not source.admits(msg):
+                    _dropped(msg, reason="not_this_watch")
+                    continue  # nor its pending count: another consumer's delivery
+                change = _change(msg, source=source)
                 if change is not None:
                     yield change
                 if not synced and msg.metadata.num_pending == 0:
@@ -183,6 +250,10 @@ async def watch(bus: Bus, *, bucket: str, keys: str) -> AsyncIterator[KVChange]:
                 update.cancel()  # also when the caller closes the generator mid-wait
             with contextlib.suppress(nats.errors.Error, TimeoutError):
                 await watcher.subscription.unsubscribe()
+
+
+def _dropped(msg: Msg, *, reason: str) -> None:
+    log.warning("kv_entry_dropped", subject=msg.subject, reason=reason, security=True)
 
 
 async def _pause_after(exc: Exception, *, bucket: str, backoff: Backoff) -> None:

@@ -6,9 +6,15 @@ DNS name) to keep each name one subject token; the mapping is injective.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
-__all__ = ["Names", "token"]
+__all__ = ["WATCH_PURPOSES", "Names", "token"]
+
+WATCH_PURPOSES = ("watch", "sim")
+"""What a node agent watches a bucket for: `watch` (its one watch of that bucket) and `sim`
+(the health agent's sim monitor, a second watch of the inventory)."""
+_MAX_NODE_IN_NAME = 200
 
 
 def token(name: str) -> str:
@@ -124,9 +130,23 @@ class Names:
         return f"$JS.API.DIRECT.GET.KV_{bucket}.$KV.{bucket}.{key}"
 
     @staticmethod
-    def js_consumer_create(bucket: str, keys: str, *, consumer: str = "*") -> str:
-        """Creating a named consumer on `keys` of `bucket`: the filter is in the subject."""
+    def js_consumer_create(bucket: str, keys: str, *, consumer: str) -> str:
+        """Creating the named consumer on `keys` of `bucket`: name and filter are in the subject."""
         return f"$JS.API.CONSUMER.CREATE.KV_{bucket}.{consumer}.$KV.{bucket}.{keys}"
+
+    @staticmethod
+    def js_consumer_delete(bucket: str, consumer: str) -> str:
+        return f"$JS.API.CONSUMER.DELETE.KV_{bucket}.{consumer}"
+
+    @staticmethod
+    def consumer(role: str, node: str, purpose: str) -> str:
+        """The one name of a node agent's watch: `<role>-<node>-<purpose>`. Role and purpose
+        are fixed words without `-`, so the node part between them is never ambiguous; a node
+        name too long for a consumer name (255 characters) is replaced by its digest."""
+        owner = token(node)
+        if len(owner) > _MAX_NODE_IN_NAME:
+            owner = "h" + hashlib.sha256(node.encode()).hexdigest()[:40]
+        return f"{role}-{owner}-{purpose}"
 
     @property
     def buckets(self) -> tuple[str, ...]:

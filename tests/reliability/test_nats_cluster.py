@@ -21,7 +21,7 @@ from nats.js import api
 
 from services.devcluster.flow import FlowError
 from services.devcluster.natscluster import NATSCluster
-from shared.bus import codec, convergence
+from shared.bus import codec, streams
 from shared.bus.connection import Bus
 from shared.bus.subjects import Names
 from shared.config import NATSSettings
@@ -222,7 +222,7 @@ async def test_one_replica_buckets_and_stream_grow_to_three_in_place_keeping_the
             info = await new.js.stream_info(stream)
             assert info.config.num_replicas == SERVERS
             assert info.state.messages == 1
-            assert info.config.max_consumers == convergence.MAX_CONSUMERS
+            assert info.config.max_consumers == streams.MAX_CONSUMERS
         updated = {e["stream"] for e in events if e["event"] == "stream_updated"}
         assert updated == {names.kv_stream(names.inventory_bucket), "ALERTS"}
         await _stop(new, task)

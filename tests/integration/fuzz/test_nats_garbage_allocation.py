@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from services.allocation.dra.agent import AllocationAgent
 from services.allocation.node_view.health_board import Health
-from shared.bus import codec
+from shared.bus import codec, streams
 from shared.errors import MalformedMessageError
 from shared.pb.drasuite.v1 import alert_pb2, health_pb2, inventory_pb2
 from tests.integration.allocation.conftest import DRIVER, NODE, PluginNode
@@ -33,6 +33,8 @@ INVENTORY_DROPPED = ("inventory_malformed", "kv_entry_dropped")
 RECORD_DROPPED = ("health_record_malformed", "kv_entry_dropped")
 # Below NATS's default max_payload (1 MiB) with room for the KV headers.
 OVERSIZED = 1_000_000
+# The largest value the health bucket takes (its max_msg_size, less room for headers).
+OVERSIZED_RECORD = streams.limits_of("dra_health").max_msg_size - 512
 STATES = {
     Health.HEALTHY: health_pb2.HEALTH_STATE_HEALTHY,
     Health.UNHEALTHY: health_pb2.HEALTH_STATE_UNHEALTHY,
@@ -49,8 +51,8 @@ def _inventory(**fields: Any) -> inventory_pb2.Inventory:
     return inventory_pb2.Inventory(**{**values, **fields})
 
 
-def _oversized_noise() -> bytes:
-    return b"\xff" + os.urandom(OVERSIZED)  # 0xff: field 31 with wire type 7, never valid
+def _oversized_noise(size: int = OVERSIZED) -> bytes:
+    return b"\xff" + os.urandom(size)  # 0xff: field 31 with wire type 7, never valid
 
 
 SHARED_GARBAGE = [
@@ -58,10 +60,10 @@ SHARED_GARBAGE = [
     ("empty value", b""),
     ("alert as JSON", codec.encode_json(alert_pb2.Alert(id="a-1", driver=DRIVER, node=NODE))),
     ("fault command", codec.encode(health_pb2.FaultCommand(device="npu-0", clear=True))),
-    ("oversized noise", _oversized_noise()),
 ]
 INVENTORY_GARBAGE = [
     *SHARED_GARBAGE,
+    ("oversized noise", _oversized_noise()),
     ("health record", codec.encode(_record())),
     ("other driver", codec.encode(_inventory(driver=OTHER, devices=[{"name": "x-0"}]))),
     ("other node", codec.encode(_inventory(node="node-b", devices=[{"name": "x-0"}]))),
@@ -72,11 +74,12 @@ INVENTORY_GARBAGE = [
 ]
 RECORD_GARBAGE = [
     *SHARED_GARBAGE,
+    ("oversized noise", _oversized_noise(OVERSIZED_RECORD)),
     ("inventory", codec.encode(_inventory(devices=[{"name": "npu-0"}]))),
     ("other driver", codec.encode(_record(driver=OTHER))),
     ("other node", codec.encode(_record(node="node-b"))),
     ("other device", codec.encode(_record(device="npu-1", state=2))),
-    ("oversized record of another node", codec.encode(_record(node="n" * OVERSIZED))),
+    ("oversized record of another node", codec.encode(_record(node="n" * OVERSIZED_RECORD))),
 ]
 
 

@@ -20,7 +20,7 @@ from services.discovery.agent import DiscoveryAgent
 from services.discovery.backends import sim
 from services.discovery.config import DiscoveryConfig
 from services.dractl import queries
-from shared.bus import codec
+from shared.bus import codec, streams
 from shared.bus.connection import Bus
 from shared.config import KubeSettings, NATSSettings
 from shared.errors import MalformedMessageError
@@ -32,6 +32,8 @@ pytestmark = pytest.mark.integration
 
 DRIVER, NODE = "sim.dra-suite.io", "n1"
 OVERSIZED = 1_000_000  # below NATS's default max_payload (1 MiB), with room for headers
+# The largest alert the alert stream takes (its max_msg_size, less room for headers).
+OVERSIZED_ALERT = streams.alerts_stream("A", ["a"], replicas=1)["max_msg_size"] - 512
 NOISE = b"\xff\xfe\x00garbage" + bytes(range(256))  # 0xff: field 31, wire type 7: never valid
 
 
@@ -97,7 +99,7 @@ NOT_ALERTS = [
     b"[" * 5000,
     codec.encode(alert_pb2.Alert(id="binary", driver=DRIVER)),
     b'{"raisedUnixMs": "yesterday"}',
-    b"{" + os.urandom(OVERSIZED),
+    b"{" + os.urandom(OVERSIZED_ALERT),
 ]
 
 

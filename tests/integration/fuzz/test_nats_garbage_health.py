@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from services.health.agent import HealthAgent
 from services.health.monitors.sim import SimMonitor
-from shared.bus import codec, origin
+from shared.bus import codec, origin, streams
 from shared.errors import BusUnavailableError
 from shared.pb.drasuite.v1 import alert_pb2, health_pb2, inventory_pb2
 from tests.integration.fuzz.fuzzing import Logs, fuzz_settings, garbage_bytes, until
@@ -28,6 +28,8 @@ pytestmark = pytest.mark.integration
 
 DRIVER, NODE = HealthHarness.DRIVER, HealthHarness.NODE
 OVERSIZED = 1_000_000  # below NATS's default max_payload (1 MiB), with room for headers
+# The largest value the health bucket takes (its max_msg_size, less room for headers).
+OVERSIZED_RECORD = streams.limits_of("dra_health").max_msg_size - 512
 NOISE = b"\xff\xfe\x00garbage" + bytes(range(256))  # 0xff: field 31, wire type 7: never valid
 
 
@@ -269,7 +271,7 @@ async def test_garbage_health_records_at_start_are_replaced(health: HealthHarnes
             "gpu-1": codec.encode(_inventory(devices=[{"name": "gpu-1"}])),
             "gpu-2": b"",
             "gpu-9": codec.encode(_record("gpu-9", state=2, cause="xid", taint="x=y:NoSchedule")),
-            "zz": b"\xff" + os.urandom(OVERSIZED),
+            "zz": b"\xff" + os.urandom(OVERSIZED_RECORD),
         },
     )
 

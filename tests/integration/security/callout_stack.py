@@ -201,6 +201,7 @@ async def callout_stack(
     task = asyncio.create_task(run_agent(service, grace_s=5, stop=stop, handle_signals=False))
     try:
         await asyncio.wait_for(service.subscribed.wait(), 10)
+        await asyncio.wait_for(service.provisioner.done.wait(), 10)  # before any agent, as live
         yield stack
     finally:
         stop.set()

@@ -131,6 +131,16 @@ FORGED_PUBLISHES = {
     "stream update by an agent": ("dra-health", "$JS.API.STREAM.UPDATE.DRA_ALERTS"),
     "message delete by an agent": ("dra-health", "$JS.API.STREAM.MSG.DELETE.KV_dra_health"),
     "consumer delete by an agent": ("dra-allocation", "$JS.API.CONSUMER.DELETE.KV_dra_health.x"),
+    "stream create by an agent": ("dra-discovery", "$JS.API.STREAM.CREATE.KV_dra_inventory"),
+    "alert stream create by the health agent": ("dra-health", "$JS.API.STREAM.CREATE.DRA_ALERTS"),
+    "another node's consumer, on its own key": (
+        "dra-allocation", N.js_consumer_create(N.inventory_bucket, N.inventory_key(DRIVER, A),
+                                               consumer=N.consumer("allocation", B, "watch")),
+    ),
+    "delete of another node's consumer": (
+        "dra-allocation", N.js_consumer_delete(N.inventory_bucket,
+                                               N.consumer("allocation", B, "watch")),
+    ),
 }  # fmt: skip
 
 ROLE = {"dra-discovery": "discovery", "dra-allocation": "allocation", "dra-health": "health"}

@@ -3,6 +3,7 @@ ops port (/healthz, /readyz, /metrics counting decisions) and a clean stop."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import sys
@@ -64,6 +65,10 @@ async def test_the_service_process_admits_refuses_and_counts(
         try:
             await eventually(lambda: '"event": "nats_auth_serving"' in _log(service), timeout_s=20)
             assert (await _get(port, "/healthz"))[0] == 200
+            for _ in range(100):  # ready once it provisioned the streams, through itself
+                if (await _get(port, "/readyz"))[0] == 200:
+                    break
+                await asyncio.sleep(0.1)
             assert (await _get(port, "/readyz"))[0] == 200
             settings = await stack.agent_settings("dra-health", "node-a")
             async with connected(settings, component="health", node="node-a"):

@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 import nats
+import nats.aio.client
 import pytest
 import trustme
 import yaml
@@ -146,6 +147,7 @@ async def _auth_service(env: Mapping[str, str]) -> AsyncIterator[None]:
     task = asyncio.create_task(run_agent(service, grace_s=5, stop=stop, handle_signals=False))
     try:
         await asyncio.wait_for(service.subscribed.wait(), 15)
+        await asyncio.wait_for(service.provisioner.done.wait(), 15)  # the streams, first
         yield
     finally:
         stop.set()
@@ -153,17 +155,16 @@ async def _auth_service(env: Mapping[str, str]) -> AsyncIterator[None]:
 
 
 async def _refused(url: str, **options: Any) -> None:
-    client = None
+    client = nats.aio.client.Client()
     try:
-        client = await nats.connect(
+        await client.connect(
             url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=5, **options
         )
         await client.flush(timeout=8)
     except Exception:  # nats-py raises several unrelated types for a refusal
         return
     finally:
-        if client is not None:
-            await client.close()
+        await client.close()  # also releases the socket of a refused attempt
     raise AssertionError(f"{url} let the client in with {sorted(options)}")
 
 
@@ -237,11 +238,17 @@ async def test_the_rendered_bus_admits_its_agents_and_operator_and_nobody_else(
                         assert await bus.kv_get(bucket, key) == b"probe"
                 # The same account's token for another audience is refused.
                 other = await _token(kube, pod=pod, audience="https://kubernetes.default.svc")
-                await _refused(url, tls=_ca_context(secrets), token=other)
+                await _refused(url, tls=_ca_context(secrets), tls_handshake_first=True, token=other)
             # The operator identity the Deployment names.
             operator = _resolved_env(deployment)["OPERATOR_USERS"].rsplit(":", 1)[1]
             token = await _token_for_account(kube, namespace=namespace, account=operator)
-            nc = await nats.connect(url, tls=_ca_context(secrets), token=token, connect_timeout=5)
+            nc = await nats.connect(
+                url,
+                tls=_ca_context(secrets),
+                tls_handshake_first=True,
+                token=token,
+                connect_timeout=5,
+            )
             try:
                 await nc.flush(timeout=8)
             finally:
@@ -251,7 +258,7 @@ async def test_the_rendered_bus_admits_its_agents_and_operator_and_nobody_else(
             kube.create_object({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": default})
             stranger = _pod(kube, name="curl", namespace=namespace, account="default")
             token = await _token(kube, pod=stranger, audience=audience)
-            await _refused(url, tls=_ca_context(secrets), token=token)
+            await _refused(url, tls=_ca_context(secrets), tls_handshake_first=True, token=token)
             await _refused(url.replace("tls://", "nats://"), token=token)
     finally:
         await kube.stop()

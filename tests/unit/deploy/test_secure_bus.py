@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import nats
+import nats.aio.client
 import nkeys  # type: ignore[import-untyped]  # ships no type hints
 import pytest
 import trustme
@@ -114,7 +115,10 @@ def test_nats_runs_the_rendered_config_with_callout_and_tls(target, components):
     assert volume["configMap"]["name"] == "nats-config"
     assert file_name == "nats.conf"
     # Accounts: the agents' (JetStream), the auth service's, the system's.
-    assert re.search(r"DRA:\s*{\s*jetstream: enabled", config)
+    assert re.search(r"DRA:\s*{\s*jetstream: { max_memory: \S+, max_file: \S+, max_streams", config)
+    assert "limits: { max_connections: 20000, max_subscriptions: 256, max_payload: 1MB }" in config
+    # The TLS handshake comes before anything a client sends.
+    assert "handshake_first: true" in config
     assert re.search(r"AUTH:\s*{\s*users: \[\s*{ user: dra-nats-auth, password: \$", config)
     assert "system_account: SYS" in config
     callout = re.search(r"auth_callout \{(.*?)\}", config, re.S)
@@ -433,17 +437,16 @@ def secured_server(tmp_path, monkeypatch):
 async def _refused(url: str, **options: Any) -> BaseException:
     """The error a client gets; nats-py may return from connect before the server's verdict
     on a callout user arrives, so a round trip decides."""
-    client = None
+    client = nats.aio.client.Client()
     try:
-        client = await nats.connect(
+        await client.connect(
             url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=5, **options
         )
         await client.flush(timeout=8)
     except Exception as exc:  # nats-py raises several unrelated types for a refusal
         return exc
     finally:
-        if client is not None:
-            await client.close()
+        await client.close()  # also releases the socket of a refused attempt
     raise AssertionError(f"{url} let the client in with {sorted(options)}")
 
 
@@ -454,12 +457,21 @@ async def test_the_rendered_server_refuses_plain_and_anonymous_clients(secured_s
     # No TLS: refused before any credential is looked at.
     await _refused(f"nats://127.0.0.1:{port}", user="dra-nats-auth", password=password)
     # TLS but nobody vouches for the client (no auth service answers the callout): refused.
-    await _refused(f"tls://127.0.0.1:{port}", tls=tls, token="a-projected-token")
-    await _refused(f"tls://127.0.0.1:{port}", tls=tls, user="dra-nats-auth", password="wrong")
+    await _refused(
+        f"tls://127.0.0.1:{port}", tls=tls, tls_handshake_first=True, token="a-projected-token"
+    )
+    await _refused(
+        f"tls://127.0.0.1:{port}",
+        tls=tls,
+        tls_handshake_first=True,
+        user="dra-nats-auth",
+        password="wrong",
+    )
     # The auth service's own user gets in over TLS and may serve the callout subject.
     client = await nats.connect(
         f"tls://127.0.0.1:{port}",
         tls=tls,
+        tls_handshake_first=True,
         user="dra-nats-auth",
         password=password,
         allow_reconnect=False,

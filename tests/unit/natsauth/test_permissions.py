@@ -24,6 +24,10 @@ def health(node: str) -> str:
     return N.health_keys(DRIVER, node)
 
 
+def watch(role: str, bucket: str, keys: str, purpose: str = "watch") -> str:
+    return N.js_consumer_create(bucket, keys, consumer=N.consumer(role, "node-a", purpose))
+
+
 OWN_CALLS = {
     "discovery puts its inventory": (
         "discovery",
@@ -35,11 +39,19 @@ OWN_CALLS = {
     ),
     "discovery watches its health": (
         "discovery",
-        N.js_consumer_create(N.health_bucket, health("node-a")),
+        watch("discovery", N.health_bucket, health("node-a")),
     ),
     "allocation watches its inventory": (
         "allocation",
-        N.js_consumer_create(N.inventory_bucket, inventory("node-a")),
+        watch("allocation", N.inventory_bucket, inventory("node-a")),
+    ),
+    "the sim monitor watches its inventory": (
+        "health",
+        watch("health", N.inventory_bucket, inventory("node-a"), "sim"),
+    ),
+    "allocation deletes its own consumer": (
+        "allocation",
+        N.js_consumer_delete(N.claims_bucket, N.consumer("allocation", "node-a", "watch")),
     ),
     "allocation writes its claims": (
         "allocation",
@@ -47,12 +59,13 @@ OWN_CALLS = {
     ),
     "health writes its records": ("health", N.kv_subject(N.health_bucket, health("node-a"))),
     "health publishes its alerts": ("health", N.alerts(DRIVER, "node-a")),
-    "health creates the alert stream": ("health", N.js_stream_create(N.alerts_stream)),
+    "health opens the alert stream": ("health", N.js_stream_info(N.alerts_stream)),
     "health reads its claims": (
         "health",
-        N.js_consumer_create(N.claims_bucket, N.claim_keys(DRIVER, "node-a")),
+        watch("health", N.claims_bucket, N.claim_keys(DRIVER, "node-a")),
     ),
     "the operator injects faults anywhere": ("operator", N.control_wildcard),
+    "the operator removes stale consumers": ("operator", "$JS.API.CONSUMER.DELETE.>"),
 }
 
 
@@ -70,10 +83,44 @@ def test_no_node_agent_is_granted_anything_of_another_node():
 
 
 @pytest.mark.parametrize("role", ["discovery", "allocation", "health", "operator"])
-def test_nobody_may_update_delete_or_purge_a_stream(role: str):
+def test_nobody_may_create_update_delete_or_purge_a_stream(role: str):
     denied = grants(role).claims()["pub"]["deny"]
-    for api in ("STREAM.UPDATE", "STREAM.DELETE", "STREAM.PURGE", "STREAM.MSG.DELETE"):
-        assert f"$JS.API.{api}.>" in denied
+    for api in ("CREATE", "UPDATE", "DELETE", "PURGE", "MSG.DELETE"):
+        assert f"$JS.API.STREAM.{api}.>" in denied
+    assert not [s for s in grants(role).publish if s.startswith("$JS.API.STREAM.CREATE")]
+
+
+def test_only_the_provisioner_shapes_streams_and_it_touches_no_message():
+    granted = grants(permissions.PROVISIONER, node="")
+    streams = [N.kv_stream(bucket) for bucket in N.buckets] + [N.alerts_stream]
+    for stream in streams:
+        assert f"$JS.API.STREAM.UPDATE.{stream}" in granted.publish
+        assert f"$JS.API.STREAM.CREATE.{stream}" in granted.publish
+    assert not [s for s in granted.publish if not s.startswith("$JS.API.")]
+    assert "$JS.API.STREAM.PURGE.>" in granted.deny_publish
+
+
+@pytest.mark.parametrize("role", ["discovery", "allocation", "health"])
+def test_a_node_agent_names_each_consumer_exactly(role: str):
+    calls = [s for s in grants(role).publish if s.startswith("$JS.API.CONSUMER.")]
+    assert calls
+    for subject in calls:
+        consumer = subject.split(".")[5]
+        assert consumer.startswith(f"{role}-node-a-"), subject
+        assert "*" not in consumer, subject
+        assert ">" not in consumer, subject
+
+
+def test_consumer_names_of_two_nodes_never_meet():
+    # A node named like another's name plus a purpose still gets a name of its own.
+    assert N.consumer("health", "a-sim", "watch") != N.consumer("health", "a", "sim")
+    assert len(N.consumer("discovery", "n" * 253, "watch")) < 255
+
+
+def test_every_user_jwt_is_limited():
+    for role in ("discovery", "operator", permissions.PROVISIONER):
+        claims = grants(role).claims()
+        assert all(claims[limit] > 0 for limit in ("subs", "data", "payload")), role
 
 
 def test_every_identity_subscribes_only_to_its_own_inbox_and_control():
