@@ -24,6 +24,7 @@ from shared.errors import ConfigError
 __all__ = [
     "BACKENDS",
     "CRASH_STEPS",
+    "DEVICE_METADATA_MODES",
     "KUBELET_APIS",
     "KUBELET_DEVICE_PLUGIN_DIR",
     "KUBELET_PLUGINS_DIR",
@@ -36,6 +37,8 @@ KUBELET_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 KUBELET_DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 KUBELET_APIS = ("dra", "device-plugin")
 BACKENDS = ("sim", "nvml", "ascend")
+DEVICE_METADATA_MODES = ("auto", "on", "off")
+"""`--device-metadata`: auto is on where the API server is Kubernetes 1.36 or newer."""
 """The device backends, as the discovery agent's `--backend` names them."""
 # Driver and node names are DNS subdomains (lower case, at most 253 characters).
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -46,6 +49,7 @@ _INSTANCE_UID = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,62})$")
 CRASH_STEPS = (
     "prepare-started",
     "partition-created",
+    "metadata-written",
     "cdi-written",
     "prepare-completed",
     "unprepare-cdi-removed",
@@ -159,6 +163,20 @@ class AllocationConfig:
         "npu=huawei.com/Ascend910,gpu=nvidia.com/gpu. Empty: the backend's defaults.",
     )
     """Parsed by `resources.parse_overrides`; see `device_plugin_overrides`."""
+    device_metadata: str = setting(
+        "auto",
+        flag="--device-metadata",
+        help="Device metadata files in containers (KEP-5304): auto (on from Kubernetes 1.36, "
+        "asked of the API server at start), on or off.",
+    )
+    """Decides for claims prepared from now on; files of claims prepared before stay theirs."""
+    device_status: bool = setting(
+        True,
+        flag="--device-status",
+        help="Publish each prepared device's conditions and data in the claim's "
+        "status.devices (KEP-4817).",
+    )
+    """Off: the agent never writes claim status (then its RBAC needs no status grant)."""
     crash_at: str = ""
     """Fault-injection seam for the kill -9 tests, never a flag: `cli` fills it from the env var
     `DRA_SUITE_CRASH_AT` and the preparer exits the process (code 137) at that step."""
@@ -196,6 +214,12 @@ class AllocationConfig:
             raise ConfigError("replaced claim wait must be >= 0", field="replaced_claim_wait_s")
         if self.inventory_wait_s < 0:
             raise ConfigError("inventory wait must be >= 0", field="inventory_wait_s")
+        if self.device_metadata not in DEVICE_METADATA_MODES:
+            raise ConfigError(
+                f"device metadata {self.device_metadata!r} is not one of "
+                f"{', '.join(DEVICE_METADATA_MODES)}",
+                field="device_metadata",
+            )
         if self.kubelet_api not in KUBELET_APIS:
             raise ConfigError(
                 f"kubelet api {self.kubelet_api!r} is not one of {', '.join(KUBELET_APIS)}",
@@ -274,6 +298,11 @@ class AllocationConfig:
     def vnpu_partition_state_path(self) -> Path:
         """The vNPUs this plugin made (`partitions.vnpu.VnpuPartitionManager`)."""
         return self.data_dir / "vnpu-partitions.json"
+
+    @property
+    def metadata_dir(self) -> Path:
+        """Device metadata files, one directory per prepared claim UID (`metadata.files`)."""
+        return self.data_dir / "dra-device-metadata"
 
     @property
     def inventory_path(self) -> Path:

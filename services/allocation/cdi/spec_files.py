@@ -70,6 +70,8 @@ class CDIDevice:
     env: Mapping[str, str]
     device_nodes: Sequence[tuple[str, str]] = ()
     """(path in the container, path on the host; empty host path = same path)."""
+    mounts: Sequence[Mapping[str, Any]] = ()
+    """CDI mounts (the request's device metadata file, on its first device)."""
 
 
 def vendor(driver: str) -> str:
@@ -141,7 +143,10 @@ def build_spec(
 ) -> dict[str, Any]:
     """The spec of one claim; `common_nodes` go into the spec-level container edits."""
     spec_devices = [
-        {"name": device.name, "containerEdits": _edits(device.env, device.device_nodes)}
+        {
+            "name": device.name,
+            "containerEdits": _edits(device.env, device.device_nodes, device.mounts),
+        }
         for device in devices
     ]
     spec: dict[str, Any] = {"cdiVersion": "", "kind": kind(driver), "devices": spec_devices}
@@ -151,7 +156,11 @@ def build_spec(
     return spec
 
 
-def _edits(env: Mapping[str, str], nodes: Sequence[tuple[str, str]]) -> dict[str, Any]:
+def _edits(
+    env: Mapping[str, str],
+    nodes: Sequence[tuple[str, str]],
+    mounts: Sequence[Mapping[str, Any]] = (),
+) -> dict[str, Any]:
     edits: dict[str, Any] = {}
     if env:
         edits["env"] = [f"{k}={v}" for k, v in sorted(env.items())]
@@ -161,6 +170,8 @@ def _edits(env: Mapping[str, str], nodes: Sequence[tuple[str, str]]) -> dict[str
     ]
     if device_nodes:
         edits["deviceNodes"] = device_nodes
+    if mounts:
+        edits["mounts"] = [dict(m) for m in mounts]
     return edits
 
 

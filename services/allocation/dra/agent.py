@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import grpc
 import structlog
@@ -20,6 +21,7 @@ import structlog
 from services.allocation import instruments
 from services.allocation.cdi.spec_files import CDIWriter
 from services.allocation.config import AllocationConfig
+from services.allocation.dra.announce import Announcers
 from services.allocation.dra.checkpoint import CheckpointStore, ClaimState
 from services.allocation.dra.claim_publisher import PreparedClaimPublisher, lookup_with
 from services.allocation.dra.claims import ClaimReader, KubeReader
@@ -29,10 +31,13 @@ from services.allocation.dra.registration import Registrar, RegistrationService
 from services.allocation.dra.serialize import InstanceLock
 from services.allocation.dra.service import DRAService, DRAServiceV1Beta1
 from services.allocation.kubelet import front_guard, socket_server, sockets
+from services.allocation.metadata import gate
+from services.allocation.metadata.files import MetadataFiles
 from services.allocation.node_view import watchers
 from services.allocation.node_view.health_board import HealthBoard
 from services.allocation.node_view.inventory_cache import InventoryCache
 from services.allocation.partitions import by_backend
+from services.allocation.status.publisher import DeviceStatusPublisher, StatusAPI
 from shared import atomicfile, opsserver
 from shared.bus.connection import Bus
 from shared.errors import ConfigError
@@ -51,8 +56,12 @@ log = structlog.get_logger(__name__)
 _STOP_GRACE_S = 3.0
 
 
+class KubeAPI(KubeReader, gate.VersionSource, StatusAPI, Protocol):
+    """What the agent asks of the API server: claims read, their status written, /version."""
+
+
 class AllocationAgent:
-    def __init__(self, config: AllocationConfig, *, kube: KubeReader | None = None) -> None:
+    def __init__(self, config: AllocationConfig, *, kube: KubeAPI | None = None) -> None:
         """`kube` replaces the API client built from `config.kube` (tests)."""
         self.config = config
         self.ready = asyncio.Event()
@@ -64,6 +73,7 @@ class AllocationAgent:
         )
         self.checkpoints = CheckpointStore(config.checkpoint_dir)
         self.cdi = CDIWriter(config.cdi_root, driver=driver)
+        self.metadata = MetadataFiles(config.metadata_dir)
         self.partitions = by_backend.build(config)
         self.bus = Bus(
             config.nats, name=f"dra-allocation-{node}", component="allocation", node=node
@@ -76,6 +86,7 @@ class AllocationAgent:
         )
         self.preparer: ClaimPreparer | None = None
         self.claim_publisher: PreparedClaimPublisher | None = None
+        self.device_status: DeviceStatusPublisher | None = None
         self._servers: dict[str, grpc.aio.Server] = {}
 
     async def open(self, resources: contextlib.AsyncExitStack) -> None:
@@ -101,6 +112,7 @@ class AllocationAgent:
             client = await KubeClient.connect(config.kube)
             resources.push_async_callback(client.close)
             kube = client
+        device_metadata = await gate.enabled(config.device_metadata, kube)
         resources.push_async_callback(self.bus.close)
         reader = ClaimReader(
             kube, driver=config.driver_name, pool=config.pool_name, node=config.node_name
@@ -108,6 +120,14 @@ class AllocationAgent:
         self.claim_publisher = PreparedClaimPublisher(
             self.bus, driver=config.driver_name, node=config.node_name, lookup=lookup_with(reader)
         )
+        if config.device_status:
+            self.device_status = DeviceStatusPublisher(
+                kube,
+                driver=config.driver_name,
+                node=config.node_name,
+                inventory=self.inventory,
+                board=self.board,
+            )
         preparer = ClaimPreparer(
             claims=reader,
             inventory=self.inventory,
@@ -120,13 +140,20 @@ class AllocationAgent:
             inventory_wait_s=config.inventory_wait_s,
             crash_at=config.crash_at,
             partitions=self.partitions,
-            announce=self.claim_publisher,
+            announce=Announcers(
+                self.claim_publisher, *([self.device_status] if self.device_status else [])
+            ),
+            metadata_files=self.metadata,
+            device_metadata=device_metadata,
         )
         self.preparer = preparer
         await preparer.recover()
-        self.claim_publisher.seed(
+        completed = [
             r for r in self.checkpoints.records() if r.state is ClaimState.PREPARE_COMPLETED
-        )
+        ]
+        self.claim_publisher.seed(completed)
+        if self.device_status is not None:
+            self.device_status.seed(completed)
         self._servers["dra-server"] = await _serve(
             config.dra_socket_path, self._dra_services(preparer), resources
         )
@@ -177,6 +204,7 @@ class AllocationAgent:
             ),
             "registrar": self.registrar.run(),
             **({"claim-publisher": self.claim_publisher.run()} if self.claim_publisher else {}),
+            **({"device-status": self.device_status.run()} if self.device_status else {}),
             **{name: socket_server.until_terminated(s) for name, s in self._servers.items()},
         }
         for name, coro in tasks.items():

@@ -93,6 +93,9 @@ class PreparedClaim:
     partitions: tuple[PreparedPartition, ...] = ()
     """Partitions made (or to make) for the claim; stored in PrepareStarted before any is
     made, so that a crash never leaves one that no record names."""
+    device_metadata: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Base request name -> its DeviceMetadata document (version-less, `metadata.document`),
+    which the CDI spec mounts; regenerated from here if its file is lost. Empty: feature off."""
 
     def completed(self) -> PreparedClaim:
         return replace(self, state=ClaimState.PREPARE_COMPLETED)
@@ -121,6 +124,8 @@ def encode(record: PreparedClaim) -> bytes:
     if record.device_configs:
         # Additive within dra-suite.io/v1: older readers ignore it.
         document["deviceConfigs"] = {k: dict(v) for k, v in record.device_configs.items()}
+    if record.device_metadata:
+        document["deviceMetadata"] = {k: dict(v) for k, v in record.device_metadata.items()}
     if record.partitions:
         document["partitions"] = [
             {"deviceName": p.device, "profile": p.profile, "partitionID": p.partition_id}
@@ -162,6 +167,7 @@ def decode(data: bytes, *, path: Path) -> PreparedClaim:
             devices=tuple(_decode_device(d) for d in document["devices"]),
             cdi_spec=document.get("cdiSpec"),
             device_configs=dict(document.get("deviceConfigs") or {}),
+            device_metadata=dict(document.get("deviceMetadata") or {}),
             partitions=tuple(
                 PreparedPartition(
                     device=str(p["deviceName"]),

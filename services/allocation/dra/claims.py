@@ -31,6 +31,7 @@ from shared.errors import (
 from shared.kube.resources import RESOURCE_CLAIMS, ResourceType
 
 __all__ = [
+    "POD_CLAIM_NAME_ANNOTATION",
     "AllocatedClaim",
     "ClaimReader",
     "ClaimRef",
@@ -47,6 +48,8 @@ log = structlog.get_logger(__name__)
 
 Obj = dict[str, Any]
 _ALLOCATION = "status.allocation"
+POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
+"""Set by the resourceclaim controller on a claim it made from a pod's template."""
 _MAX_QUANTITY = 2**63 - 1  # Kubernetes quantities beyond int64 are not device sizes
 _DEVICES = f"{_ALLOCATION}.devices"
 # IsDNS1123Label (namespaces) and IsDNS1123Subdomain (names), as kube-apiserver checks them.
@@ -73,6 +76,8 @@ class DeviceResult:
 
     request: str
     """The base request name (`a/b` is reduced to `a`): what containers can reference."""
+    request_ref: str = ""
+    """The request as allocated (`a/b` for a subrequest); empty when it is `request`."""
     pool: str
     device: str
     share_id: str | None = None
@@ -103,6 +108,8 @@ class AllocatedClaim:
     configs: tuple[OpaqueConfig, ...] = ()
     pods: tuple[PodRef, ...] = ()
     """The pods the claim is reserved for (`status.reservedFor`), when it was read."""
+    pod_claim_name: str | None = None
+    """`resource.kubernetes.io/pod-claim-name`: the pod's name for a claim from a template."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -172,7 +179,20 @@ def select(claim: Obj, *, ref: ClaimRef, driver: str, pool: str, node: str) -> A
             results.append(_result(shape, raw, path, driver=driver, pool=pool))
     configs = _configs(shape, devices, driver=driver)
     pods = reserved_pods(claim, namespace=ref.namespace)
-    return AllocatedClaim(ref=ref, results=tuple(results), configs=configs, pods=pods)
+    return AllocatedClaim(
+        ref=ref,
+        results=tuple(results),
+        configs=configs,
+        pods=pods,
+        pod_claim_name=_pod_claim_name(shape, claim),
+    )
+
+
+def _pod_claim_name(shape: _Shape, claim: Obj) -> str | None:
+    metadata = shape.mapping(claim.get("metadata"), "metadata")
+    annotations = shape.mapping(metadata.get("annotations"), "metadata.annotations")
+    path = f"metadata.annotations[{POD_CLAIM_NAME_ANNOTATION}]"
+    return shape.string(annotations.get(POD_CLAIM_NAME_ANNOTATION), path) or None
 
 
 class _Shape:
@@ -239,8 +259,10 @@ def _result(shape: _Shape, raw: Any, path: str, *, driver: str, pool: str) -> De
         str(name): shape.amount(amount, f"{path}.consumedCapacity.{name}")
         for name, amount in capacity.items()
     }
+    request = shape.string(result.get("request"), f"{path}.request")
     return DeviceResult(
-        request=base_request(shape.string(result.get("request"), f"{path}.request")),
+        request=base_request(request),
+        request_ref=request if base_request(request) != request else "",
         pool=pool,
         device=device,
         share_id=shape.string(result.get("shareID"), f"{path}.shareID") or None,

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from pathlib import PurePosixPath
+from typing import Any
 
 from services.allocation.cdi import allowlist, edits, spec_files
 from services.allocation.cdi.edits import CLAIM_UID_ENV, DEVICES_ENV, DeviceUse, claim_edits
@@ -29,6 +31,7 @@ from services.allocation.dra.checkpoint import (
     PreparedPartition,
 )
 from services.allocation.dra.claims import AllocatedClaim, DeviceResult
+from services.allocation.metadata import document
 from services.allocation.partitions import Partition, on_demand_option
 from shared.errors import ClaimError, DeviceNotAllocatableError, InvalidOpaqueConfigError
 from shared.pb.drasuite.v1 import inventory_pb2
@@ -43,11 +46,13 @@ def plan(
     driver: str,
     backend: str,
     partitions: Mapping[str, Partition] | None = None,
+    metadata_root: PurePosixPath | None = None,
 ) -> PreparedClaim:
     """What preparing `claim` means on this node; pure, raises the claim's error.
 
     `partitions` are the partitions made for the claim, by device name. When the configs ask
     for partitions that are not all there, the record has `cdi_spec=None` and lists them.
+    `metadata_root`: where device metadata files live (`metadata.files`); None: none written.
     """
     ref = claim.ref
     resolved = [
@@ -62,8 +67,20 @@ def plan(
         ref.uid, [(r.request, r.device, r.share_id) for r, _ in resolved]
     )
     spec = None
+    bodies: dict[str, dict[str, Any]] = {}
     if resolved and all(p.partition_id for p in wanted):
-        spec = _spec(claim, resolved, configs, made, names=names, driver=driver, backend=backend)
+        if metadata_root is not None:
+            bodies = _metadata(claim, resolved, driver=driver)
+        spec = _spec(
+            claim,
+            resolved,
+            configs,
+            made,
+            names=names,
+            driver=driver,
+            backend=backend,
+            metadata_root=metadata_root,
+        )
     elif resolved:
         # No partition is made of a device whose own edits its backend would not make.
         edits.check_devices(
@@ -87,7 +104,66 @@ def plan(
             request: opaque.encode(config, driver=driver) for request, config in configs.items()
         },
         partitions=wanted,
+        device_metadata=bodies,
     )
+
+
+def _metadata(
+    claim: AllocatedClaim,
+    resolved: list[tuple[DeviceResult, inventory_pb2.Device]],
+    *,
+    driver: str,
+) -> dict[str, dict[str, Any]]:
+    """One DeviceMetadata document per base request, its devices in allocation order."""
+    ref = claim.ref
+    devices: dict[str, list[dict[str, Any]]] = {}
+    request_refs: dict[str, str] = {}
+    for result, device in resolved:
+        document.check_names(
+            claim_uid=ref.uid, request=result.request, pod_claim_name=claim.pod_claim_name
+        )
+        request_refs.setdefault(result.request, result.request_ref or result.request)
+        entries = devices.setdefault(result.request, [])
+        if all(e["name"] != device.name for e in entries):  # two shares of one device: once
+            entries.append(document.device_entry(driver=driver, pool=result.pool, device=device))
+    return {
+        request: document.document(
+            name=ref.name,
+            namespace=ref.namespace,
+            uid=ref.uid,
+            pod_claim_name=claim.pod_claim_name,
+            request=request_refs[request],
+            devices=entries,
+        )
+        for request, entries in devices.items()
+    }
+
+
+def _with_metadata_mounts(
+    claim: AllocatedClaim,
+    devices: list[spec_files.CDIDevice],
+    requests: Sequence[str],
+    *,
+    root: PurePosixPath,
+    driver: str,
+) -> list[spec_files.CDIDevice]:
+    """The first CDI device of each request mounts the request's metadata file: a container
+    referencing the request gets every device of it (the Go helper adds the mount once too)."""
+    mounted: set[str] = set()
+    out = []
+    for device, request in zip(devices, requests, strict=True):
+        if request not in mounted:
+            mounted.add(request)
+            host = document.host_path(root, claim_uid=claim.ref.uid, request=request)
+            container = document.container_path(
+                driver=driver,
+                claim=claim.ref.name,
+                pod_claim_name=claim.pod_claim_name,
+                request=request,
+            )
+            device = replace(device, mounts=(*device.mounts, document.mount(host, container)))
+        out.append(device)
+    return out
 
 
 def _prepared_device(result: DeviceResult, *, name: str, driver: str) -> PreparedDevice:
@@ -110,6 +186,7 @@ def _spec(
     names: Sequence[str],
     driver: str,
     backend: str,
+    metadata_root: PurePosixPath | None,
 ) -> dict[str, object]:
     uid = claim.ref.uid
     uses = [
@@ -125,8 +202,13 @@ def _spec(
     edits = claim_edits(backend=backend, claim_uid=uid, uses=uses, configs=configs)
     # One CDI device per use, named as the kubelet's answer names it (`spec_files.device_names`).
     devices = [replace(d, name=n) for d, n in zip(edits.devices, names, strict=True)]
+    roots: tuple[PurePosixPath, ...] = ()
+    if metadata_root is not None:
+        roots = (metadata_root,)
+        requests = [result.request for result, _ in resolved]
+        devices = _with_metadata_mounts(claim, devices, requests, root=metadata_root, driver=driver)
     spec = spec_files.build_spec(driver=driver, devices=devices, common_nodes=edits.common_nodes)
-    allowlist.check_spec(spec, claim_uid=uid, backend=backend)
+    allowlist.check_spec(spec, claim_uid=uid, backend=backend, mount_roots=roots)
     if problems := spec_files.validate(spec):
         raise ClaimError(
             f"prepare claim {uid}: invalid CDI spec: {'; '.join(problems)}", claim_uid=uid

@@ -4,15 +4,16 @@ Per claim UID one lock (claims of a batch run concurrently); with rolling update
 instance lock (`serialize.InstanceLock`), under which the checkpoint is re-read from disk, since
 another instance may have changed it. The checkpoint is read first, so a repeated prepare
 returns the stored answer. `planning.plan()` computes what a claim needs (pure; may run twice);
-only then come the side effects, in a crash-safe order: checkpoint PrepareStarted and CDI spec
--> checkpoint PrepareCompleted (fsynced before the kubelet is answered). A claim that asks for
-partitions stores PrepareStarted (naming them) first, then has the partition manager make them
-(idempotent by claim UID and device), then plans its spec with them; an option made on demand is
-made as a partition of its parent at its own placement. Unprepare removes the CDI spec, then the
-claim's partitions, then the checkpoint; unknown claims unprepare cleanly. A UID prepared under
-one claim name is refused under another. At start, partitions that no record names are orphans
-(a quarantined record) and are removed. A claim recreated under the same name (new UID) waits,
-bounded, until the preparation of the old UID is unprepared (CONTRACTS 10).
+only then come the side effects, in a crash-safe order: checkpoint PrepareStarted and (device
+metadata files, then) CDI spec -> checkpoint PrepareCompleted (fsynced before the kubelet is
+answered). A claim that asks for partitions stores PrepareStarted (naming them) first, then has
+the partition manager make them (idempotent by claim UID and device), then plans its spec with
+them; an option made on demand is made as a partition of its parent at its own placement.
+Unprepare removes the CDI spec, then the claim's metadata files and partitions, then the
+checkpoint; unknown claims unprepare cleanly. A UID prepared under one claim name is refused
+under another. At start, partitions that no record names are orphans (a quarantined record) and
+are removed. A claim recreated under the same name (new UID) waits, bounded, until the
+preparation of the old UID is unprepared (CONTRACTS 10).
 
 Fault-injection seam: `crash_at` names a step (`config.CRASH_STEPS`) at which the process exits
 at once with code 137, as a kill -9 would; the kill -9 tests set it through `cli` only.
@@ -42,6 +43,7 @@ from services.allocation.dra.checkpoint import (
 from services.allocation.dra.claims import AllocatedClaim, ClaimRef, PodRef
 from services.allocation.dra.planning import CLAIM_UID_ENV, DEVICES_ENV, find_device, plan
 from services.allocation.dra.serialize import InstanceLock
+from services.allocation.metadata.files import MetadataFiles
 from services.allocation.partitions import Partition, PartitionManager, on_demand_option
 from shared import telemetry
 from shared.errors import ClaimError, ClaimUIDMismatchError
@@ -128,10 +130,13 @@ class ClaimPreparer:
         crash_at: str = "",
         partitions: PartitionManager | None = None,
         announce: PreparedClaimSink | None = None,
+        metadata_files: MetadataFiles | None = None,
+        device_metadata: bool = False,
     ) -> None:
         """`backend`: the node's own (`--backend`), which picks the container edits and their
         allowlist, never the inventory's. `announce`: told of each completed prepare and
-        unprepare (the prepared-claims KV)."""
+        unprepare (the prepared-claims KV). `metadata_files`: where device metadata files are
+        kept (written, regenerated, removed); new claims get them only with `device_metadata`."""
         self._claims = claims
         self._inventory = inventory
         self._checkpoints = checkpoints
@@ -145,6 +150,10 @@ class ClaimPreparer:
         self._crash_at = crash_at
         self._partitions = partitions
         self._announce = announce
+        self._metadata = metadata_files
+        self._metadata_root = (
+            metadata_files.mount_root if metadata_files is not None and device_metadata else None
+        )
 
     async def prepare_batch(
         self, refs: Sequence[ClaimRef], *, deadline: float | None = None
@@ -243,7 +252,7 @@ class ClaimPreparer:
                 # not know the claim. Written back first (its directory too, if gone).
                 await self._checkpoints.put(record)
                 log.warning("checkpoint_record_restored")
-            if record.cdi_spec is not None and not self._cdi.exists(ref.uid):
+            if record.cdi_spec is not None and not self._written(record):
                 await self._write_spec(record)
             log.info("claim_prepare_repeated", devices=len(record.devices))
             self._announce_prepared(record, claim=None)
@@ -252,7 +261,11 @@ class ClaimPreparer:
         if record is None:
             claim = await self._claims.read(ref, deadline=deadline)
             record = plan(
-                claim, self._inventory.current, driver=self._driver, backend=self._backend
+                claim,
+                self._inventory.current,
+                driver=self._driver,
+                backend=self._backend,
+                metadata_root=self._metadata_root,
             )
             if record.partitions:
                 self._check_partitions(record)
@@ -306,6 +319,8 @@ class ClaimPreparer:
             if self._checkpoints.get(record.uid) is None:
                 try:
                     await self._cdi.remove(record.uid)
+                    if self._metadata is not None:
+                        await self._metadata.remove(record.uid)
                 except OSError as exc:  # recovery removes it at the next start
                     log.warning("cdi_spec_orphan_kept", error=str(exc))
             raise
@@ -338,15 +353,49 @@ class ClaimPreparer:
                 claim_uid=record.uid, device=device, profile=wanted.profile, placement=placement
             )
             self._crash_point("partition-created")
-        return plan(claim, inventory, driver=self._driver, backend=self._backend, partitions=made)
+        return plan(
+            claim,
+            inventory,
+            driver=self._driver,
+            backend=self._backend,
+            partitions=made,
+            metadata_root=self._metadata_root,
+        )
 
     async def _put_started(self, record: PreparedClaim, *, durable: bool = True) -> None:
         await self._checkpoints.put(record, durable=durable)
         self._crash_point("prepare-started")
 
+    def _written(self, record: PreparedClaim, *, verify: bool = False) -> bool:
+        """Whether the claim's CDI spec and the metadata files it mounts are all on disk;
+        with `verify` (at start), whether the files also hold what the record says."""
+        metadata, files = record.device_metadata, self._metadata
+        if not self._cdi.exists(record.uid):
+            return False
+        if not metadata or files is None:
+            return True
+        if verify:
+            return files.matches(record.uid, metadata)
+        return files.complete(record.uid, metadata)
+
+    async def _write_metadata(self, record: PreparedClaim) -> None:
+        if not record.device_metadata or self._metadata is None:
+            return
+        try:
+            await self._metadata.write(record.uid, record.device_metadata)
+        except OSError as exc:
+            raise ClaimError(
+                f"prepare claim {record.uid}: writing device metadata under "
+                f"{self._metadata.root}: {exc}",
+                claim_uid=record.uid,
+            ) from exc
+        self._crash_point("metadata-written")
+
     async def _write_spec(self, record: PreparedClaim) -> None:
+        """The metadata files first, then the CDI spec that mounts them."""
         if record.cdi_spec is None:
             return
+        await self._write_metadata(record)
         try:
             await self._cdi.write(record.uid, record.cdi_spec)
         except OSError as exc:
@@ -378,6 +427,14 @@ class ClaimPreparer:
                         f"unprepare claim {ref.uid}: removing CDI spec: {exc}", claim_uid=ref.uid
                     ) from exc
                 self._crash_point("unprepare-cdi-removed")
+                if self._metadata is not None:
+                    try:
+                        await self._metadata.remove(ref.uid)
+                    except OSError as exc:
+                        raise ClaimError(
+                            f"unprepare claim {ref.uid}: removing device metadata: {exc}",
+                            claim_uid=ref.uid,
+                        ) from exc
                 if record is not None and record.partitions and self._partitions is not None:
                     await self._partitions.delete_claim(ref.uid)
                 await self._checkpoints.delete(ref.uid)
@@ -394,16 +451,26 @@ class ClaimPreparer:
         async with self._instance.hold():
             if self._instance.shared:
                 await asyncio.to_thread(self._checkpoints.sync)
-            for path in [*self._checkpoints.remove_temporaries(), *self._cdi.remove_temporaries()]:
+            metadata = self._metadata
+            temporaries = [
+                *self._checkpoints.remove_temporaries(),
+                *self._cdi.remove_temporaries(),
+                *(metadata.remove_temporaries() if metadata is not None else ()),
+            ]
+            for path in temporaries:
                 log.warning("temporary_file_removed", path=str(path))
             for record in self._checkpoints.records():
                 completed = record.state is ClaimState.PREPARE_COMPLETED
-                if completed and record.cdi_spec is not None and not self._cdi.exists(record.uid):
+                written = self._written(record, verify=True)
+                if completed and record.cdi_spec is not None and not written:
                     await self._write_spec(record)
                     log.warning("cdi_spec_regenerated", claim_uid=record.uid)
             for uid in self._cdi.claim_uids():
                 if self._checkpoints.get(uid) is None:
                     await self._remove_orphan_spec(uid)
+            for uid in metadata.claim_uids() if metadata is not None else ():
+                if self._checkpoints.get(uid) is None:
+                    await self._remove_orphan_metadata(uid)
             await self._remove_orphan_partitions()
 
     async def _remove_orphan_spec(self, uid: str) -> None:
@@ -414,6 +481,15 @@ class ClaimPreparer:
             return
         await self._cdi.remove(uid)
         log.warning("cdi_spec_orphan_removed", claim_uid=uid)
+
+    async def _remove_orphan_metadata(self, uid: str) -> None:
+        """Metadata files without a record (a crash before PrepareStarted, or between the
+        spec's removal and the record's); kept when the checkpoint directory was lost."""
+        if self._checkpoints.lost_at_start or self._metadata is None:
+            log.warning("device_metadata_kept_without_record", claim_uid=uid)
+            return
+        await self._metadata.remove(uid)
+        log.warning("device_metadata_orphan_removed", claim_uid=uid)
 
     async def _remove_orphan_partitions(self) -> None:
         """Partitions of claims without a record: made before a record was quarantined. Kept

@@ -33,6 +33,11 @@ def _admin_request(name: str) -> dict[str, Any]:
 
 def _allocate_twice(plugin_node, name: str, device: str) -> KubeletClaim:
     api = plugin_node.api
+    # The API server admits admin access only in a namespace labelled for it (KEP-5018).
+    labels = {"resource.kubernetes.io/admin-access": "true"}
+    api.create_object(
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default", "labels": labels}}
+    )
     created = api.create_object(
         {
             "apiVersion": "resource.k8s.io/v1",

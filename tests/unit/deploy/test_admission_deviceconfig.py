@@ -226,6 +226,7 @@ def test_every_policy_has_a_deny_binding():
     assert policies == {
         *("dra-suite-resourceslices-own-node", "dra-suite-devicetaintrules-own-node"),
         "dra-suite-deviceconfig",
+        "dra-suite-resourceclaim-status-own-node",
     }
     assert {b["spec"]["policyName"] for b in bindings} == policies
     assert all(b["spec"]["validationActions"] == ["Deny"] for b in bindings)

@@ -76,11 +76,20 @@ def _group(path: str) -> str:
 
 def _calls(emulator: APIServerEmulator) -> set[Call]:
     """What the agent asked the API server for; discovery of the API itself (/api, /apis,
-    /version) is every authenticated user's and needs no role."""
-    return {
+    /version) is every authenticated user's and needs no role. A write of a claim's status
+    also asks the authorizer what kube-apiserver 1.36+ asks for a change of `status.devices`
+    (DRAResourceClaimGranularStatusAuthorization, pkg/registry/resource/utils.go
+    AuthorizedForDeviceStatus): the synthetic `resourceclaims/driver`, with the verb prefixed
+    `associated-node:` for a service account bound to the claim's node (the agent's case)."""
+    calls = {
         (_group(r.path), f"{r.resource}/{r.subresource}".rstrip("/"), r.verb)
         for r in emulator.request_log.records()
         if r.resource
+    }
+    return calls | {
+        (group, "resourceclaims/driver", f"associated-node:{verb}")
+        for group, resource, verb in calls
+        if resource == "resourceclaims/status" and verb in ("update", "patch")
     }
 
 

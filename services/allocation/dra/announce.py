@@ -1,0 +1,25 @@
+"""Tells several sinks of each completed prepare and unprepare (the prepared-claims KV, the
+claim's device status); each call returns at once, as every sink's does."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from services.allocation.dra.checkpoint import PreparedClaim
+from services.allocation.dra.claims import PodRef
+from services.allocation.dra.preparer import PreparedClaimSink
+
+__all__ = ["Announcers"]
+
+
+class Announcers:
+    def __init__(self, *sinks: PreparedClaimSink) -> None:
+        self._sinks = sinks
+
+    def prepared(self, record: PreparedClaim, *, pods: Sequence[PodRef] | None) -> None:
+        for sink in self._sinks:
+            sink.prepared(record, pods=pods)
+
+    def unprepared(self, uid: str) -> None:
+        for sink in self._sinks:
+            sink.unprepared(uid)

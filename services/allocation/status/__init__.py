@@ -1,0 +1,1 @@
+"""Device status on the claim (KEP-4817): conditions and data of each prepared device."""
