@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from shared import resource
 from shared.bus import auth
 from shared.errors import ConfigError
 
@@ -25,6 +26,7 @@ __all__ = [
     "OpsSettings",
     "TelemetrySettings",
     "add_arguments",
+    "add_version",
     "env_name",
     "from_args",
     "setting",
@@ -277,6 +279,13 @@ def _parse_str_tuple(text: str) -> tuple[str, ...]:
 def _dest(flag: str) -> str:
     """Flags are unique across groups, field names are not (both groups have request_timeout_s)."""
     return flag.lstrip("-").replace("-", "_")
+
+
+def add_version(parser: argparse.ArgumentParser) -> None:
+    """`--version`: `<prog> <installed dra-suite version>`, then exit 0."""
+    parser.add_argument(
+        "--version", action="version", version=f"{parser.prog} {resource.build_version()}"
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls: type[Any]) -> None:

@@ -5,6 +5,8 @@
 Liveness answers from the event loop itself, so a wedged loop fails it; named liveness checks
 add what else must hold (e.g. the kubelet sockets still exist). Readiness is the agent's `ready`
 event plus its readiness checks. NATS being down fails neither: agents serve without it.
+Readiness notes are details that do not fail it (a device left out of the slices): each
+note that has something to say adds a line to the answer, after `ok` or the failures.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ class OpsServer:
     ready: asyncio.Event
     liveness: Mapping[str, Check] = field(default_factory=dict)
     readiness: Mapping[str, Check] = field(default_factory=dict)
+    notes: Mapping[str, Check] = field(default_factory=dict)
+    """Readiness details that never fail it: `name: text` lines under the status."""
     _runner: web.AppRunner | None = None
     bound_port: int = 0
 
@@ -74,11 +78,12 @@ class OpsServer:
     async def _readyz(self, _: web.Request) -> web.Response:
         if not self.ready.is_set():
             return web.Response(status=503, text="not ready: agent starting or stopping\n")
-        return await _answer(self.readiness)
+        return await _answer(self.readiness, notes=self.notes)
 
 
-async def _answer(checks: Mapping[str, Check]) -> web.Response:
-    failures = []
+async def _outcomes(checks: Mapping[str, Check]) -> list[str]:
+    """`name: reason` of every check that has something to say."""
+    found = []
     for name, check in checks.items():
         try:
             async with asyncio.timeout(2.0):
@@ -86,10 +91,18 @@ async def _answer(checks: Mapping[str, Check]) -> web.Response:
         except TimeoutError:
             reason = "check timed out"
         if reason is not None:
-            failures.append(f"{name}: {reason}")
+            found.append(f"{name}: {reason}")
+    return found
+
+
+async def _answer(
+    checks: Mapping[str, Check], *, notes: Mapping[str, Check] | None = None
+) -> web.Response:
+    failures = await _outcomes(checks)
+    details = await _outcomes(notes or {})
     if failures:
-        return web.Response(status=503, text="\n".join(failures) + "\n")
-    return web.Response(text="ok\n")
+        return web.Response(status=503, text="\n".join(failures + details) + "\n")
+    return web.Response(text="\n".join(["ok", *details]) + "\n")
 
 
 async def open_ops_server(
@@ -99,6 +112,7 @@ async def open_ops_server(
     ready: asyncio.Event,
     liveness: Mapping[str, Check] | None = None,
     readiness: Mapping[str, Check] | None = None,
+    notes: Mapping[str, Check] | None = None,
 ) -> OpsServer | None:
     """Start the agent's ops server (none when the port is 0) and register its stop."""
     if not settings.ops_port:
@@ -109,6 +123,7 @@ async def open_ops_server(
         ready=ready,
         liveness=dict(liveness or {}),
         readiness=dict(readiness or {}),
+        notes=dict(notes or {}),
     )
     await server.start()
     resources.push_async_callback(server.stop)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+from services.devcluster import extra
 from services.devcluster.apiserver.config import SUPPORTED_VERSIONS as EMULATED_VERSIONS
 from services.devcluster.claim import ClaimHelperError, ClaimRequest, run_claim
 from services.devcluster.controlplane import (
@@ -28,9 +29,15 @@ from services.devcluster.controlplane import (
 )
 from services.devcluster.demo import run_demo
 from services.devcluster.load import LoadPlan, LoadTarget, run_load
+from services.devcluster.natsserver import NATSServerError, find_binary
 from services.devcluster.stack import StackConfig
 from services.devcluster.up import run_up
-from services.devcluster.workdir import NoStackError, WorkdirBusyError, read_endpoints
+from services.devcluster.workdir import (
+    NoStackError,
+    OrphanedProcessesError,
+    WorkdirBusyError,
+    read_endpoints,
+)
 from shared.config import LogSettings
 from shared.errors import DraSuiteError
 from shared.logging import configure as configure_logging
@@ -192,8 +199,12 @@ def _run(args: argparse.Namespace, workdir: Path) -> int:
             file=sys.stderr,
         )
         return 2
+    # Before anything starts: what is missing is one line that says how to get it.
     if args.control_plane == "real":
-        cached_binaries(release(args.kubernetes_version))  # before anything starts: say how
+        cached_binaries(release(args.kubernetes_version))
+    else:
+        extra.require(*extra.EMULATOR_SCHEMAS)
+    find_binary()
     if args.command == "up":
         return asyncio.run(_until_signal(lambda stop: run_up(config, stop=stop, out=sys.stdout)))
     return asyncio.run(_until_signal(lambda stop: _demo(config, stop)))
@@ -211,11 +222,13 @@ def main(argv: list[str] | None = None) -> None:
         code = _run(args, workdir)
     except (
         WorkdirBusyError,
+        OrphanedProcessesError,
         NoStackError,
         ClaimHelperError,
         DraSuiteError,
         ControlPlaneNotBuiltError,
         ControlPlaneStartError,
+        NATSServerError,
     ) as exc:
         print(f"dra-suite: {exc}", file=sys.stderr)
         code = 1

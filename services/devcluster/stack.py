@@ -145,6 +145,9 @@ class LocalStack:
         else:
             self.nats = NATSServerProcess(cfg.workdir / "nats", own_process_group=True)
         await asyncio.to_thread(self.nats.start)
+        servers = self.nats.servers if isinstance(self.nats, NATSCluster) else [self.nats]
+        for server in servers:
+            lock.record("nats-server", server.pid)
         await self._start_apiserver()
         await self._register_node()
         for agent in AGENTS:
@@ -175,6 +178,7 @@ class LocalStack:
             log_path=cfg.logs_dir / "apiserver.log",
         )
         await self.apiserver.start()
+        self._record("apiserver", self.apiserver.pid)
         line = await self.apiserver.read_line_until("apiserver_ready", timeout_s=30)
         self.api_url = line.split("url=", 1)[-1].strip()
 
@@ -268,8 +272,15 @@ class LocalStack:
             log_path=self.config.logs_dir / f"{agent}.log",
         )
         await process.start()
+        self._record(agent, process.pid)
         self.agents[agent] = process
         return process
+
+    def _record(self, name: str, pid: int | None) -> None:
+        """Note a child in the work dir's lock: if this process is killed, the next stack
+        there finds it (`workdir.OrphanedProcessesError`)."""
+        if self._lock is not None:
+            self._lock.record(name, pid)
 
     async def wait_agents_ready(self, *, timeout_s: float = 60.0) -> None:
         """Until every running agent answers 200 on /readyz.

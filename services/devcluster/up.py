@@ -3,14 +3,18 @@
 Besides the stack it registers the plugin with a kubelet emulator (so the allocation agent's
 /readyz turns ready) and creates a DeviceClass for every device of the driver, so that
 `dra-suite claim` can prepare a claim right away. It records the endpoints in the work dir
-for that helper. The bus is open (no auth, no TLS) and listens on 127.0.0.1 only.
+for that helper. The bus is open (no auth, no TLS) and listens on 127.0.0.1 only. The commands
+it suggests are printed as paths that run as they are (`.venv/bin/dractl`): a venv's scripts
+are on PATH only once it is activated.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from collections.abc import AsyncIterator, Awaitable
+from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
 from services.devcluster import flow, workdir
@@ -18,7 +22,7 @@ from services.devcluster.controlplane.kubeletshim import KubeletShim
 from services.devcluster.kubelet import KubeletEmulator
 from services.devcluster.stack import AGENTS, OPEN_BUS_WARNING, LocalStack, StackConfig
 
-__all__ = ["StoppedError", "run_up"]
+__all__ = ["StoppedError", "command_path", "run_up"]
 
 _T = TypeVar("_T")
 
@@ -111,17 +115,33 @@ def _print_endpoints(endpoints: dict[str, Any], *, config: StackConfig, out: Tex
     out.write(f"dra-suite is up: driver {endpoints['driver']}, node {node}\n")
     for name, value in rows:
         out.write(f"  {name:<16} {value}\n")
+    dractl, dra_suite = command_path("dractl"), command_path("dra-suite")
     out.write(
         "try:\n"
         f"  export NATS_URL={url} NODE_NAME={node}\n"
-        "  dractl inventory\n"
-        "  dractl health\n"
-        "  dractl claims\n"
-        f"  dra-suite claim --workdir {config.workdir}   # a prepare through the kubelet emulator\n"
-        f"  dra-suite load --workdir {config.workdir}    # a steady load, for the metrics\n"
+        f"  {dractl} inventory\n"
+        f"  {dractl} health\n"
+        f"  {dractl} claims\n"
+        f"  {dra_suite} claim --workdir {config.workdir}   # a prepare via the kubelet emulator\n"
+        f"  {dra_suite} load --workdir {config.workdir}    # a steady load, for the metrics\n"
         "Ctrl-C (or SIGTERM/SIGHUP) stops everything\n"
     )
     out.flush()
+
+
+def command_path(name: str, *, cwd: Path | None = None) -> str:
+    """How to run console script `name` from `cwd`: the script next to this interpreter (in
+    the venv), relative to `cwd` when below it; the bare name when there is no such file."""
+    script = Path(sys.executable).parent / name
+    if not script.is_file():
+        return name
+    here = (cwd or Path.cwd()).resolve()
+    # Not resolved: the venv's python is a symlink out of the venv.
+    absolute = script.absolute()
+    try:
+        return str(absolute.relative_to(here))
+    except ValueError:
+        return str(absolute)
 
 
 def _api_label(endpoints: dict[str, Any]) -> str:

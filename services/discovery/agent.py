@@ -6,6 +6,8 @@ No domain logic here. Tasks: `bus-connector`, `device-watcher`, `device-scanner`
 device-plugin node), `scan-reporter` (Events on failed scans), and with
 `--publish-device-taints` `taint-watcher` (the health KV). `published` (first successful slice
 sync) is the readiness signal; `ready` is set by the supervisor once the tasks are started.
+Devices left out of the slices (`unpublished`) are shared by the reconciler, the publisher
+(marks in the inventory) and readiness (a detail line that does not fail it).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import contextlib
 
 import structlog
 
-from services.discovery import backends, events, frontmode, inventory, taints
+from services.discovery import backends, events, frontmode, inventory, taints, unpublished
 from services.discovery.config import DiscoveryConfig
 from services.discovery.publisher import InventoryPublisher
 from services.discovery.reconciler import SliceReconciler
@@ -48,6 +50,8 @@ class DiscoveryAgent:
         self.seams = seams
         self.ready = asyncio.Event()
         self.published = asyncio.Event()
+        self.unpublished = unpublished.Unpublished()
+        """Devices left out of the slices, and why."""
         self.backend = backend
         self._bus: Bus | None = None
         self._scanner: DeviceScanner | None = None
@@ -89,7 +93,11 @@ class DiscoveryAgent:
             observer=self._reporter,
         )
         self._publisher = InventoryPublisher(
-            self._bus, self._scanner, driver=config.driver_name, node=config.node_name
+            self._bus,
+            self._scanner,
+            driver=config.driver_name,
+            node=config.node_name,
+            dropped=self.unpublished,
         )
         if config.publish_device_taints:
             self._taints = taints.DeviceTaints(driver=config.driver_name, node=config.node_name)
@@ -100,10 +108,15 @@ class DiscoveryAgent:
             driver=config.driver_name,
             node=config.node_name,
             taints=self._taints,
+            dropped_devices=self.unpublished,
         )
         self._withdrawer = SliceWithdrawer(kube, driver=config.driver_name, node=config.node_name)
         await opsserver.open_ops_server(
-            config.ops, resources, ready=self.ready, readiness={"slices": self._slices_published}
+            config.ops,
+            resources,
+            ready=self.ready,
+            readiness={"slices": self._slices_published},
+            notes={"devices": self._devices_unpublished},
         )
         log.info(
             "discovery_opened",
@@ -124,6 +137,9 @@ class DiscoveryAgent:
             first = next(iter(rejections.values()))
             return f"the API server rejected {len(rejections)} slice(s): {first}"
         return None
+
+    async def _devices_unpublished(self) -> str | None:
+        return self.unpublished.summary()
 
     def spawn(self, tg: asyncio.TaskGroup) -> None:
         if not (

@@ -22,6 +22,7 @@ from shared.config import (
     OpsSettings,
     TelemetrySettings,
     add_arguments,
+    add_version,
     env_name,
     from_args,
 )
@@ -44,6 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=SERVICE, description="Publishes the node's devices to NATS and as ResourceSlices."
     )
+    add_version(parser)
     for cls in (*_GROUPS.values(), DiscoveryConfig):
         add_arguments(parser, cls)
     return parser

@@ -1,12 +1,18 @@
-"""The discovery agent's metrics: failed backend scans, whether the backend is failing now, and
-inventories put back over a foreign value of the node's key. Exposed at the agent's /metrics
-(shared/metrics.py)."""
+"""The discovery agent's metrics: failed backend scans, whether the backend is failing now,
+inventories put back over a foreign value of the node's key, devices left out of the slices and
+slices the API server rejected. Exposed at the agent's /metrics (shared/metrics.py)."""
 
 from __future__ import annotations
 
 from shared import metrics
 
-__all__ = ["INVENTORY_REASSERTED", "SCANS_FAILED", "SCAN_FAILING"]
+__all__ = [
+    "DEVICES_DROPPED",
+    "INVENTORY_REASSERTED",
+    "SCANS_FAILED",
+    "SCAN_FAILING",
+    "SLICES_REJECTED",
+]
 
 _meter = metrics.meter("dra.discovery")
 
@@ -25,4 +31,16 @@ INVENTORY_REASSERTED = _meter.create_counter(
     unit="1",
     description="Times the node's inventory key held another value than the last published "
     "inventory (forged, damaged or deleted) and it was put back, by reason.",
+)
+DEVICES_DROPPED = _meter.create_counter(
+    "dra_slice_devices_dropped",
+    unit="1",
+    description="Devices of the inventory left out of the ResourceSlices by the pre-publish "
+    "check (invalid, duplicate, over_limit) or the server's rules (withheld), by reason; a "
+    "device counts once per time it is dropped, not once per sync.",
+)
+SLICES_REJECTED = _meter.create_counter(
+    "dra_slice_rejections",
+    unit="1",
+    description="ResourceSlice writes the API server rejected (e.g. 422 Invalid), by HTTP status.",
 )

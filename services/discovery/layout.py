@@ -18,9 +18,12 @@ from typing import Any
 from services.discovery.apirules import PublishRules
 
 __all__ = [
+    "DUPLICATE",
+    "INVALID",
     "MAX_COUNTER_SETS",
     "MAX_DEVICES",
     "MAX_DEVICES_ADVANCED",
+    "OVER_LIMIT",
     "Rejection",
     "contents",
     "counter_uses",
@@ -30,6 +33,12 @@ __all__ = [
 MAX_DEVICES = 128
 MAX_DEVICES_ADVANCED = 64
 MAX_COUNTER_SETS = 8
+# Why a device or counter set is left out (`Rejection.reason`, a metric label: few values).
+INVALID = "invalid"
+"""It breaks a field rule of the API (a name, an attribute value too long, ...)."""
+DUPLICATE = "duplicate"
+OVER_LIMIT = "over_limit"
+"""It breaks a size limit of the server's version (counters per device or per slice)."""
 
 Obj = dict[str, Any]
 
@@ -40,6 +49,8 @@ class Rejection:
 
     name: str
     problems: tuple[str, ...]
+    reason: str = INVALID
+    """`INVALID`, `DUPLICATE` or `OVER_LIMIT`."""
 
 
 def _advanced(device: Obj) -> bool:
@@ -164,7 +175,9 @@ def _together(
         if reason := _too_big(group, rules):
             names = [s["name"] for s in group.sets]
             problem = f"counter sets {names} and their consumers: {reason}"
-            rejected += [Rejection(o["name"], (problem,)) for o in group.sets + group.devices]
+            rejected += [
+                Rejection(o["name"], (problem,), OVER_LIMIT) for o in group.sets + group.devices
+            ]
         elif packed and _fits(packed[-1], group, rules):
             packed[-1] = _Group(packed[-1].sets + group.sets, packed[-1].devices + group.devices)
         else:

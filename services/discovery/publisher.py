@@ -6,7 +6,9 @@ is read back and rewritten if it was lost. NATS being down is retried with backo
 `guard()` watches the key: when it holds anything but the last published inventory (forged,
 damaged, deleted), that inventory is put back under a generation above the foreign one, so
 consumers that adopted it move on; logged with `security=true`, counted in
-`dra_inventory_reasserted_total`.
+`dra_inventory_reasserted_total`. With `unpublished` (the slice reconciler's devices left out
+of the slices), those devices carry `Device.unpublished` in the KV value, and a change of that
+set is a content change like any other.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import asyncio
 
 import structlog
 
-from services.discovery import instruments, inventory
+from services.discovery import instruments, inventory, unpublished
 from services.discovery.scanner import DeviceScanner
 from shared import telemetry
 from shared.backoff import Backoff
@@ -34,9 +36,18 @@ _MAX_GENERATION = 2**63 - 1
 class InventoryPublisher:
     """Keeps `names.inventory_key(driver, node)` equal to the scanner's inventory."""
 
-    def __init__(self, bus: Bus, scanner: DeviceScanner, *, driver: str, node: str) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        scanner: DeviceScanner,
+        *,
+        driver: str,
+        node: str,
+        dropped: unpublished.Unpublished | None = None,
+    ) -> None:
         self.bus = bus
         self.scanner = scanner
+        self.dropped = dropped or unpublished.Unpublished()
         self.driver = driver
         self.node = node
         self.key = bus.names.inventory_key(driver, node)
@@ -53,10 +64,12 @@ class InventoryPublisher:
     async def run(self) -> None:
         """Eternal: publish each new inventory, and re-check the KV after every reconnect."""
         backoff = Backoff(initial_s=0.2, max_s=5.0)
-        synced_epoch, synced_generation = -1, 0
+        synced_epoch, synced_generation, synced_marks = -1, 0, -1
         while True:
             await self.bus.connected.wait()
-            current = self.scanner.current or await self.scanner.next(after=0)
+            scanned = self.scanner.current or await self.scanner.next(after=0)
+            marks = self.dropped.version
+            current = self.dropped.mark(scanned)
             epoch = self.bus.epoch
             try:
                 await self.publish(current, reread=epoch != synced_epoch)
@@ -67,9 +80,9 @@ class InventoryPublisher:
                 await asyncio.sleep(delay)
                 continue
             backoff.reset()
-            synced_epoch, synced_generation = epoch, current.generation
+            synced_epoch, synced_generation, synced_marks = epoch, current.generation, marks
             self._checked_epoch = epoch
-            await self._wait_for_change(after=synced_generation, epoch=epoch)
+            await self._wait_for_change(after=synced_generation, epoch=epoch, marks=synced_marks)
 
     async def publish(self, current: inventory_pb2.Inventory, *, reread: bool) -> bool:
         """Put `current` unless the KV already holds the same content; True when it wrote."""
@@ -158,11 +171,13 @@ class InventoryPublisher:
             generation=restored.generation,
         )
 
-    async def _wait_for_change(self, *, after: int, epoch: int) -> None:
-        """Until the scanner has a newer inventory or NATS reconnected."""
+    async def _wait_for_change(self, *, after: int, epoch: int, marks: int) -> None:
+        """Until the scanner has a newer inventory, the dropped devices change or NATS
+        reconnected."""
         waiters = [
             asyncio.create_task(self.scanner.next(after=after), name="inventory-next"),
             asyncio.create_task(self.bus.wait_epoch_after(epoch), name="bus-epoch-next"),
+            asyncio.create_task(self.dropped.next(after=marks), name="inventory-marks-next"),
         ]
         try:
             await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)

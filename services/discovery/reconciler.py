@@ -4,9 +4,18 @@ Actual state comes from a list+watch of this driver's slices on this node, updat
 with the answer of every write (so a sync never acts on a view older than its own writes).
 Any event, inventory change or failure schedules a sync; a sync writes only on a real
 difference. A slice the API rejects (422) is logged with the API's message, recorded as a
-Node Event, listed in `rejections` (readiness fails while it is not empty) and left out of
-the pool until the inventory changes (so it cannot cause a write loop); transient errors and
-conflicts are retried with backoff.
+Node Event, counted in `dra_slice_rejections_total{status}`, listed in `rejections` (readiness
+fails while it is not empty) and left out of the pool for a while (so it cannot cause a write
+loop): it is sent again after a growing delay (`retry_backoff`, up to 5 minutes), at once when
+the inventory or the server version changes, and leaves `rejections` when the API accepts it
+(a rejection caused by an admission webhook or a quota may clear by itself). Transient errors
+and conflicts are retried with backoff.
+
+Devices the pre-publish check leaves out (`slices.desired`: e.g. an attribute value over 64
+bytes) and partitions the server cannot publish are kept in `unpublished`: logged, counted in
+`dra_slice_devices_dropped_total{reason}` and recorded as a Warning Event on the Node once per
+newly dropped device (withheld partitions have theirs: `ResourceSliceFieldsDropped`);
+readiness shows them as a detail and the inventory publisher marks them.
 
 Version awareness: the API server's version (`GET /version`, read at start and again after
 a relist or a failed sync, i.e. after a reconnect) decides the rules slices are built by
@@ -34,7 +43,16 @@ from typing import Any
 
 import structlog
 
-from services.discovery import apirules, dropped, events, serverversion, slices, syncplan
+from services.discovery import (
+    apirules,
+    dropped,
+    events,
+    instruments,
+    serverversion,
+    slices,
+    syncplan,
+    unpublished,
+)
 from services.discovery.scanner import DeviceScanner
 from services.discovery.taints import DeviceTaints, published_taints
 from shared import telemetry
@@ -53,9 +71,12 @@ from shared.kube.client import KubeClient, WatchEvent
 from shared.kube.resources import NODES, RESOURCE_SLICES
 from shared.pb.drasuite.v1 import inventory_pb2
 
-__all__ = ["SliceReconciler"]
+__all__ = ["DEVICES_DROPPED", "SliceReconciler"]
 
 log = structlog.get_logger(__name__)
+
+DEVICES_DROPPED = "ResourceSliceDevicesDropped"
+"""The reason of the Node Event about devices left out of the slices."""
 
 Obj = dict[str, Any]
 
@@ -90,12 +111,19 @@ class SliceReconciler:
         driver: str,
         node: str,
         backoff: Backoff | None = None,
+        retry_backoff: Backoff | None = None,
         taints: DeviceTaints | None = None,
+        dropped_devices: unpublished.Unpublished | None = None,
     ) -> None:
-        """`taints`: the health agent's device taints to publish; None publishes none."""
+        """`taints`: the health agent's device taints to publish; None publishes none.
+
+        `retry_backoff`: the delays before rejected slice contents are sent again.
+        `dropped_devices`: where devices left out of the slices are kept (shared with readers).
+        """
         self.client = client
         self.scanner = scanner
         self.taints = taints
+        self.unpublished = dropped_devices or unpublished.Unpublished()
         self.driver = driver
         self.node = node
         self.published = asyncio.Event()
@@ -108,9 +136,15 @@ class SliceReconciler:
         self._wake = asyncio.Event()
         # Slice name -> (spec sent, spec stored) when the server stored something else.
         self._adopted: dict[str, tuple[str, str]] = {}
-        # Content id -> API message of slice contents the API rejected; left out until the
-        # inventory (or the server version) changes.
+        # Content id -> API message of slice contents the API rejected, until it accepts them.
         self._rejected: dict[str, str] = {}
+        # The rejected content ids left out of the pool until their retry is due.
+        self._left_out: set[str] = set()
+        self._retry_backoff = retry_backoff or Backoff(initial_s=2.0, max_s=300.0)
+        self._retry = asyncio.Event()
+        """Set when a rejection is recorded: a retry is to be scheduled."""
+        self._unreported: list[unpublished.Dropped] = []
+        self._report = asyncio.Event()
         # Highest pool generation seen or written: generations never go back.
         self._highest = 0
         self.rules: apirules.PublishRules | None = None
@@ -124,7 +158,8 @@ class SliceReconciler:
         """Slice contents the API refused (content id -> the API's message), read-only.
 
         Empty when every desired slice was accepted; readiness should fail while it is not.
-        Cleared when the inventory or the server version changes (and the pool is re-planned).
+        An entry leaves when the API accepts that content on a retry, and all of them when the
+        inventory or the server version changes (and the pool is re-planned).
         """
         return MappingProxyType(self._rejected)
 
@@ -141,6 +176,8 @@ class SliceReconciler:
             tg.create_task(self._follow_inventory(), name="slice-desired")
             if self.taints is not None:
                 tg.create_task(self._follow_taints(self.taints), name="slice-taints")
+            tg.create_task(self._retry_rejected(), name="slice-retry")
+            tg.create_task(self._report_dropped(owner), name="slice-drop-reporter")
             await self._sync_forever(owner)
 
     async def _find_owner(self) -> slices.Owner:
@@ -229,8 +266,18 @@ class SliceReconciler:
                 driver=self.driver,
                 node=self.node,
                 device=rejection.name,
+                reason=rejection.reason,
                 problems=list(rejection.problems),
             )
+        devices = {device.name for device in self._inventory.devices}
+        newly = self.unpublished.update(want.rejected, want.withheld, devices=devices)
+        for drop in newly:
+            instruments.DEVICES_DROPPED.add(1, {"reason": drop.reason})
+        # Withheld partitions already have their Event: the fields the server dropped.
+        unreported = [drop for drop in newly if drop.reason != unpublished.WITHHELD]
+        if unreported:
+            self._unreported += unreported
+            self._report.set()
         if len(want.withheld) != self._withheld:
             log.warning(
                 "partitions_withheld",
@@ -242,7 +289,36 @@ class SliceReconciler:
             self._withheld = len(want.withheld)
         self._want, self._replans = want, self._replans + 1
         self._rejected.clear()
+        self._left_out.clear()
+        self._retry_backoff.reset()
         self._wake.set()
+
+    async def _retry_rejected(self) -> None:
+        """Eternal: after each rejection, wait the next delay, then send the contents again."""
+        while True:
+            await self._retry.wait()
+            self._retry.clear()
+            delay = self._retry_backoff.next_delay()
+            log.info(
+                "slice_retry_scheduled",
+                driver=self.driver,
+                node=self.node,
+                rejected=len(self._rejected),
+                retry_in_s=round(delay, 2),
+            )
+            await asyncio.sleep(delay)
+            if self._rejected and self._left_out:
+                self._left_out.clear()
+                self._wake.set()
+
+    async def _report_dropped(self, owner: slices.Owner) -> None:
+        """Eternal: a Warning Event on the Node for every batch of newly dropped devices."""
+        while True:
+            await self._report.wait()
+            self._report.clear()
+            batch, self._unreported = self._unreported, []
+            text = unpublished.describe(batch) + "; the rest of the pool is published"
+            await events.warn_node(self.client, owner, reason=DEVICES_DROPPED, message=text)
 
     async def _sync_forever(self, owner: slices.Owner) -> None:
         while True:
@@ -276,9 +352,10 @@ class SliceReconciler:
         """
         actual = list(self._actual.values())
         self._highest = max([self._highest, *map(_generation, actual)])
-        want, replans = want.without(self._rejected), self._replans
+        want, replans = want.without(self._left_out), self._replans
         plan = syncplan.plan(want, actual, owner=owner, adopted=self._adopted, floor=self._highest)
         if plan.empty:
+            self._forget_stale_rejections()
             return plan
         with telemetry.tracer(__name__).start_as_current_span("discovery.sync_slices"):
             log.info(
@@ -298,7 +375,17 @@ class SliceReconciler:
                 await self._write(obj, owner=owner, create=create)
                 if self._replans != replans:
                     break  # re-planned meanwhile: the rest of this plan is out of date
+            else:
+                self._forget_stale_rejections()
         return plan
+
+    def _forget_stale_rejections(self) -> None:
+        """After a whole pass, a rejected content that was not left out is no longer refused:
+        it was accepted, or is no longer wanted (the empty stand-in of a retried pool)."""
+        for content in [c for c in self._rejected if c not in self._left_out]:
+            del self._rejected[content]
+        if not self._rejected:
+            self._retry_backoff.reset()
 
     async def _delete(self, obj: Obj) -> None:
         name, metadata = _name(obj), obj.get("metadata", {})
@@ -320,7 +407,8 @@ class SliceReconciler:
 
     async def _write(self, obj: Obj, *, owner: slices.Owner, create: bool) -> None:
         sent = slices.fingerprint(obj["spec"])
-        if slices.content_id(slices.content_of(obj["spec"])) in self._rejected:
+        content = slices.content_id(slices.content_of(obj["spec"]))
+        if content in self._left_out:
             return  # the empty stand-in of a wholly rejected pool was rejected too
         try:
             if create:
@@ -339,6 +427,8 @@ class SliceReconciler:
             await self._rejected_by_api(obj, owner=owner, error=exc)
             return
         self._stored(stored, sent=sent, created=create)
+        if self._rejected.pop(content, None) is not None:
+            log.info("slice_accepted_on_retry", driver=self.driver, node=self.node, content=content)
         await self._check_dropped(obj, stored, owner=owner)
 
     def _stored(self, stored: Obj, *, sent: str, created: bool) -> None:
@@ -388,8 +478,12 @@ class SliceReconciler:
     async def _rejected_by_api(self, obj: Obj, *, owner: slices.Owner, error: KubeError) -> None:
         if error.status in (401, 403):
             raise KubeTransientError(str(error), status=error.status) from error
-        self._rejected[slices.content_id(slices.content_of(obj["spec"]))] = str(error)
+        content = slices.content_id(slices.content_of(obj["spec"]))
+        self._rejected[content] = str(error)
+        self._left_out.add(content)
         self._wake.set()  # re-plan the pool without it
+        self._retry.set()
+        instruments.SLICES_REJECTED.add(1, {"status": str(error.status)})
         log.error(
             "slice_rejected",
             driver=self.driver,

@@ -167,7 +167,8 @@ def _counter_sets(inventory: inventory_pb2.Inventory, rejected: list[Rejection])
         if problems := validation.check_counter_set(counter_set):
             rejected.append(Rejection(counter_set.name, tuple(problems)))
         elif any(c["name"] == counter_set.name for c in counter_sets):
-            rejected.append(Rejection(counter_set.name, ("duplicate counter set name",)))
+            problem = ("duplicate counter set name",)
+            rejected.append(Rejection(counter_set.name, problem, layout.DUPLICATE))
         else:
             counter_sets.append(_counter_set_json(counter_set))
     return counter_sets
@@ -179,13 +180,16 @@ def _problems(
     driver: str,
     known_sets: Collection[str],
     rules: apirules.PublishRules,
-) -> list[str]:
+) -> tuple[list[str], str]:
+    """Every reason `device` cannot be published, and the main one (`Rejection.reason`)."""
     problems = validation.check_device(device, driver=driver, counter_sets=known_sets)
+    reason = layout.INVALID
     limit = rules.max_counters_per_device
     used = sum(len(c.counters) for c in device.consumes_counters)
     if limit is not None and used > limit:
+        reason = layout.INVALID if problems else layout.OVER_LIMIT
         problems.append(f"consumes {used} counters, more than Kubernetes 1.{rules.minor} allows")
-    return problems
+    return problems, reason
 
 
 def _without_counters(device: inventory_pb2.Device) -> inventory_pb2.Device:
@@ -232,11 +236,14 @@ def desired(
                 withheld.append(device.name)
                 continue
             device = _without_counters(device)
-        problems = _problems(device, driver=inventory.driver, known_sets=known_sets, rules=rules)
+        problems, reason = _problems(
+            device, driver=inventory.driver, known_sets=known_sets, rules=rules
+        )
         if any(d["name"] == device.name for d in devices):
+            reason = reason if problems else layout.DUPLICATE
             problems.append("duplicate device name in the pool")
         if problems:
-            rejected.append(Rejection(device.name, tuple(problems)))
+            rejected.append(Rejection(device.name, tuple(problems), reason))
             continue
         device_taints = _allowed_taints((taints or {}).get(device.name, ()), rules)
         published = device_json(device, driver=inventory.driver, taints=device_taints)

@@ -151,9 +151,22 @@ async def _run(args: argparse.Namespace, output: commands.Output) -> int:
 def main(argv: list[str] | None = None) -> None:
     parser = _parser()
     args = parser.parse_args(argv)
+    try:
+        code = _main(parser, args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # `dractl ... | head` closed the pipe: the reader has what it wanted, so no traceback
+        # and no failure. Python's own advice: point stdout at devnull, so that the flush at
+        # exit does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 0
+    sys.exit(code)
+
+
+def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.command == "completion":
         sys.stdout.write(completion.script(parser, shell=args.shell, outputs=OUTPUTS))
-        sys.exit(0)
+        return 0
     # stdout carries only the answer (`dractl -o json ... | jq`); logs go to stderr, and only
     # errors unless asked for.
     # Without --verbose, not even the connection's warnings: an unreachable NATS is one line.
@@ -162,15 +175,9 @@ def main(argv: list[str] | None = None) -> None:
     width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
     output = commands.Output(format=args.output, out=sys.stdout, err=sys.stderr, width=width)
     try:
-        code = asyncio.run(_run(args, output))
+        return asyncio.run(_run(args, output))
     except DraSuiteError as exc:
         print(f"dractl: {exc}", file=sys.stderr)
-        code = 1
+        return 1
     except KeyboardInterrupt:
-        code = 130
-    except BrokenPipeError:
-        # `dractl ... | head` closed the pipe: not worth a traceback. Python's own advice:
-        # point stdout at devnull, so that the flush at exit does not fail again.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        code = 1
-    sys.exit(code)
+        return 130

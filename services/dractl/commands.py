@@ -45,7 +45,9 @@ async def run(bus: Bus, args: argparse.Namespace, output: Output) -> int:
     match args.command:
         case "inventory":
             inv = await queries.inventory(bus, driver=driver, node=node)
-            _listing(document.devices(inv), render.inventory_columns(), output, empty="")
+            items = document.devices(inv)
+            _listing(items, render.inventory_columns(), output, empty="")
+            _unpublished_note(items, output)
         case "health":
             records = await queries.health(bus, driver=driver, node=node)
             items = [document.health(r) for r in records]
@@ -57,7 +59,8 @@ async def run(bus: Bus, args: argparse.Namespace, output: Output) -> int:
             )
         case "claims":
             prepared = await queries.claims(bus, driver=driver, node=args.node)
-            items = [document.claim(c) for c in prepared]
+            health = await _health_of(bus, driver, {c.node for c in prepared})
+            items = [document.claim(c, health) for c in prepared]
             where = f"on {args.node}" if args.node else f"for driver {driver}"
             _listing(
                 items, render.claim_columns(now=now), output, empty=f"no prepared claims {where}"
@@ -67,6 +70,21 @@ async def run(bus: Bus, args: argparse.Namespace, output: Output) -> int:
         case "alerts":
             await _alerts(bus, args, output, now=now)
     return 0
+
+
+async def _health_of(
+    bus: Bus, driver: str, nodes: set[str]
+) -> dict[tuple[str, str], health_pb2.DeviceHealth]:
+    """The health records of `nodes` by (node, device): the source of the claims' device
+    conditions. A node without records (or unknown to the bus) gives none."""
+    found: dict[tuple[str, str], health_pb2.DeviceHealth] = {}
+    for node in sorted(nodes):
+        try:
+            records = await queries.health(bus, driver=driver, node=node)
+        except queries.CommandError:
+            continue
+        found.update({(node, r.device): r for r in records})
+    return found
 
 
 async def _fleet(bus: Bus, args: argparse.Namespace, output: Output, *, now: datetime) -> None:
@@ -79,6 +97,7 @@ async def _fleet(bus: Bus, args: argparse.Namespace, output: Output, *, now: dat
         items = [item for inv in nodes for item in document.devices(inv)]
         columns = render.fleet_columns(render.inventory_columns())
         _listing(items, columns, output, empty=f"no inventory on any node {where}")
+        _unpublished_note(items, output)
         return
     found = await fleet.health(bus, driver=driver, node_glob=glob)
     items = [document.health(r) for r in found.records]
@@ -127,6 +146,17 @@ def _listing(
     else:
         render.table(
             columns, items, wide=output.format == "wide", out=output.out, width=output.width
+        )
+
+
+def _unpublished_note(items: list[dict[str, Any]], output: Output) -> None:
+    """Under a table: how many devices the scheduler cannot see, and where to read why."""
+    left_out = sum(1 for item in items if not item["published"])
+    if output.tabular and left_out:
+        why = "the UNPUBLISHED column" if output.format == "wide" else "-o wide"
+        output.err.write(
+            f"{left_out} device(s) not published in ResourceSlices (the scheduler cannot "
+            f"allocate them): see {why} and the Node's Events.\n"
         )
 
 

@@ -9,12 +9,13 @@ A listing is one document, a list; `alerts --follow` writes one object per line 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
 import yaml
 
+from shared import device_conditions
 from shared.pb.drasuite.v1 import alert_pb2, claim_pb2, health_pb2, inventory_pb2
 
 __all__ = ["alert", "claim", "device", "devices", "dump", "health", "rfc3339", "state_name"]
@@ -52,6 +53,9 @@ def device(inv: inventory_pb2.Inventory, dev: inventory_pb2.Device) -> Item:
         "kind": dev.kind,
         "capacity": dict(sorted(dev.capacity.items())),
         "attributes": {k: _attribute(v) for k, v in sorted(dev.attributes.items())},
+        # The discovery agent marks a device it leaves out of the ResourceSlices.
+        "published": not dev.unpublished,
+        "unpublished": dev.unpublished or None,
     }
 
 
@@ -106,7 +110,32 @@ def alert(message: alert_pb2.Alert) -> Item:
     }
 
 
-def claim(prepared: claim_pb2.PreparedClaim) -> Item:
+_HEALTH = {
+    health_pb2.HEALTH_STATE_HEALTHY: "Healthy",
+    health_pb2.HEALTH_STATE_UNHEALTHY: "Unhealthy",
+}
+
+
+def conditions(node: str, record: health_pb2.DeviceHealth | None) -> list[Item]:
+    """A prepared device's conditions as the allocation agent publishes them on its claim
+    (`status.devices`): Ready, and Healthy from the same health record."""
+    health = _HEALTH.get(record.state, "") if record is not None else ""
+    found = [
+        device_conditions.ready(node),
+        device_conditions.healthy(health, record.message if record is not None else ""),
+    ]
+    return [
+        {"type": c.type, "status": c.status, "reason": c.reason, "message": c.message}
+        for c in found
+    ]
+
+
+def claim(
+    prepared: claim_pb2.PreparedClaim,
+    health: Mapping[tuple[str, str], health_pb2.DeviceHealth] | None = None,
+) -> Item:
+    """`health`: the health records by (node, device), from which device conditions come."""
+    records = health or {}
     return {
         "driver": prepared.driver,
         "node": prepared.node,
@@ -122,6 +151,7 @@ def claim(prepared: claim_pb2.PreparedClaim) -> Item:
                 "device": d.device,
                 "shareId": d.share_id,
                 "cdiDeviceIds": list(d.cdi_device_ids),
+                "conditions": conditions(prepared.node, records.get((prepared.node, d.device))),
             }
             for d in prepared.devices
         ],

@@ -3,8 +3,11 @@
 Reads ResourceSlices, DeviceClasses, ResourceClaims and DeviceTaintRules from the API server
 (kubeconfig), takes the claim by name or the claims a manifest stands for (`-f`: a
 ResourceClaim, ResourceClaimTemplate or Pod), and runs the product allocator on every node or
-one. Exit 0 when every claim fits somewhere, 1 when one does not, 2 on bad input (unknown
-class, malformed CEL, a claim only of other drivers, a manifest it cannot read).
+one. Exit 0 when every claim fits somewhere, 1 when one does not (or `--node` names a node
+without devices), 2 on bad input (unknown class, malformed CEL, a claim only of other drivers,
+a manifest it cannot read, an adminAccess claim the API server would refuse because its
+namespace lacks the `resource.kubernetes.io/admin-access: "true"` label). Documents of other
+kinds in a manifest (a Namespace, a DaemonSet) are skipped with a note on stderr.
 """
 
 from __future__ import annotations
@@ -32,24 +35,34 @@ from services.allocator.explanation import (
 from services.allocator.request import read_claim
 from services.allocator.result import Holdings, allocated_results, claim_ref
 from services.dractl import explain_view
-from services.dractl.explain_manifest import Manifest, ManifestError, read_manifest
+from services.dractl.explain_manifest import (
+    Manifest,
+    ManifestError,
+    admin_access_problem,
+    read_manifest,
+)
 from shared.config import KubeSettings, add_arguments, from_args
 from shared.errors import DraSuiteError, KubeNotFoundError
 from shared.kube import resources
 from shared.kube.client import KubeClient
 
-__all__ = ["ExplainInputError", "explain_claims", "register", "run"]
+__all__ = ["ExplainInputError", "UnknownNodeError", "explain_claims", "register", "run"]
 
 Obj = dict[str, Any]
 RESOURCE_CLAIM_TEMPLATES = resources.ResourceType(
     resources.RESOURCE_GROUP, "v1", "resourceclaimtemplates", "ResourceClaimTemplate", True
 )
+NAMESPACES = resources.ResourceType("", "v1", "namespaces", "Namespace", False)
 TAINT_RULE_VERSIONS = ("v1", "v1beta2", "v1alpha3")
 EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_BAD_INPUT = 0, 1, 2
 
 
 class ExplainInputError(Exception):
     """What `dractl explain` was given cannot be explained."""
+
+
+class UnknownNodeError(Exception):
+    """`--node` names a node that has no devices (or does not exist): nothing fits there."""
 
 
 def register(commands: Any, *, parents: Sequence[argparse.ArgumentParser] = ()) -> None:
@@ -82,9 +95,13 @@ async def run(args: argparse.Namespace, *, out: TextIO = sys.stdout) -> int:
                 documents=documents,
                 node=args.node,
                 driver=getattr(args, "driver_name", None),
+                notes=sys.stderr,
             )
         finally:
             await kube.close()
+    except UnknownNodeError as exc:
+        print(f"dractl explain: {exc}", file=sys.stderr)
+        return EXIT_DOES_NOT_FIT
     except (ExplainInputError, ManifestError, ClaimError, DraSuiteError) as exc:
         print(f"dractl explain: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -125,11 +142,14 @@ async def explain_claims(
     documents: Sequence[Any] | None,
     node: str | None,
     driver: str | None,
+    notes: TextIO | None = None,
 ) -> list[Explanation | PodExplanation]:
     """Explain the named claim, or those the manifest stands for, against the cluster; a
-    pod with several claims also gets whether they fit together."""
+    pod with several claims also gets whether they fit together. `notes` hears of skipped
+    manifest documents."""
     state = await _cluster_state(kube)
     pods: list[tuple[str, list[Obj]]] = []
+    namespaces: dict[str, Obj] = {}
     if documents is None:
         assert claim is not None
         try:
@@ -139,10 +159,17 @@ async def explain_claims(
         classes = state["classes"]
     else:
         manifest = read_manifest(documents, namespace=namespace)
+        if manifest.skipped and notes is not None:
+            skipped = ", ".join(manifest.skipped)
+            notes.write(f"dractl explain: skipped {skipped} (not a claim, template or pod)\n")
+        namespaces = dict(manifest.namespaces)
         classes = [*state["classes"], *manifest.classes]
         pods = await _pod_groups(kube, manifest, classes)
         claims = _unique([*manifest.claims, *(c for _, group in pods for c in group)])
+    await _check_admin_access(kube, claims, namespaces)
     base = Cluster.build(slices=state["slices"], classes=classes, taint_rules=state["taint_rules"])
+    if node and node not in base.inventory.nodes:
+        raise UnknownNodeError(await _unknown_node(kube, node, known=base.inventory.nodes))
     nodes = [node] if node else base.inventory.nodes
     answers: list[Explanation | PodExplanation] = [
         _explain_one(base, wanted, others=state["claims"], nodes=nodes, driver=driver)
@@ -152,6 +179,32 @@ async def explain_claims(
         if len(group) > 1:
             answers.append(_together(base, pod, group, others=state["claims"], nodes=nodes))
     return answers
+
+
+async def _check_admin_access(
+    kube: KubeClient, claims: Sequence[Obj], namespaces: dict[str, Obj]
+) -> None:
+    """Refuse, as the API server does, a claim whose admin access its namespace does not allow;
+    the manifest's Namespaces count before the cluster's."""
+    for claim in claims:
+        name = claim["metadata"].get("namespace") or "default"
+        if admin_access_problem(claim, {}) is None:
+            continue  # asks for no admin access: no namespace to read
+        if name not in namespaces:
+            found = await _get(kube, NAMESPACES, ("", name))
+            namespaces[name] = found if found is not None else {}
+        problem = admin_access_problem(claim, namespaces[name] or None)
+        if problem is not None:
+            raise ExplainInputError(
+                f"claim {claim_ref(claim)}: the API server rejects it: {problem}"
+            )
+
+
+async def _unknown_node(kube: KubeClient, node: str, *, known: Sequence[str]) -> str:
+    listed = ", ".join(known[:10]) + (", ..." if len(known) > 10 else "") or "none"
+    if await _get(kube, resources.NODES, ("", node)) is None:
+        return f"no such node: {node} (nodes with devices: {listed})"
+    return f"node {node} has no devices: no ResourceSlice names it (nodes with devices: {listed})"
 
 
 def _unique(claims: Iterable[Obj]) -> list[Obj]:

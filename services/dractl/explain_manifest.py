@@ -5,7 +5,14 @@ stands for the claims of its `spec.resourceClaims` (a named claim, or one made f
 template) and, for extended resources a DeviceClass backs (KEP-5004: the class's
 `extendedResourceName`, or `deviceclass.resource.kubernetes.io/<class>`), one claim with a
 request per container and resource. DeviceClasses in the manifest are used beside the
-cluster's. Anything else is refused, so a typo does not pass as "fits".
+cluster's, and its Namespaces beside the cluster's (their labels decide admin access). Other
+kinds (a Deployment, a DaemonSet next to its claim template) are skipped and listed in
+`skipped`; a manifest without a claim, template or pod is refused, so a typo does not pass as
+"fits".
+
+Admin access (KEP-5018): the API server admits a claim or template with an `adminAccess`
+request only in a namespace labelled `resource.kubernetes.io/admin-access: "true"`;
+`admin_access_problem` says why it would not, in the API server's words.
 """
 
 from __future__ import annotations
@@ -14,12 +21,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Manifest", "ManifestError", "read_manifest"]
+__all__ = [
+    "ADMIN_ACCESS_LABEL",
+    "Manifest",
+    "ManifestError",
+    "admin_access_problem",
+    "read_manifest",
+]
 
 Obj = dict[str, Any]
 Ref = tuple[str, str]
 """(namespace, name)."""
 _IMPLICIT_PREFIX = "deviceclass.resource.kubernetes.io/"
+ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
+_EXPLAINED = ("ResourceClaim", "ResourceClaimTemplate", "Pod", "DeviceClass", "Namespace")
 
 
 class ManifestError(Exception):
@@ -33,6 +48,10 @@ class Manifest:
     pods: tuple[Obj, ...] = ()
     classes: tuple[Obj, ...] = ()
     templates: Mapping[Ref, Obj] = field(default_factory=dict)
+    namespaces: Mapping[str, Obj] = field(default_factory=dict)
+    """Namespace documents by name."""
+    skipped: tuple[str, ...] = ()
+    """`Kind/name` of the documents of other kinds, in order."""
 
     def wanted(self) -> tuple[set[Ref], set[Ref]]:
         """(templates, claims) the pods name that the manifest does not hold."""
@@ -88,10 +107,15 @@ class Manifest:
 
 def read_manifest(documents: Sequence[Any], *, namespace: str) -> Manifest:
     claims, pods, classes, templates = [], [], [], {}
+    namespaces: dict[str, Obj] = {}
+    skipped: list[str] = []
     for index, doc in enumerate(d for d in documents if d is not None):
         if not isinstance(doc, dict) or not isinstance(doc.get("metadata"), dict):
             raise ManifestError(f"document #{index}: not a Kubernetes object with metadata")
         kind = doc.get("kind")
+        if kind not in _EXPLAINED:
+            skipped.append(f"{kind}/{doc['metadata'].get('name', '')}")
+            continue
         doc = {**doc, "metadata": {"namespace": namespace, **doc["metadata"]}}
         if not doc["metadata"].get("name"):
             raise ManifestError(f"document #{index}: {kind} without metadata.name")
@@ -106,13 +130,43 @@ def read_manifest(documents: Sequence[Any], *, namespace: str) -> Manifest:
         elif kind == "DeviceClass":
             classes.append(doc)
         else:
-            raise ManifestError(
-                f"document #{index}: kind {kind!r} is not ResourceClaim, ResourceClaimTemplate, "
-                "Pod or DeviceClass"
-            )
+            namespaces[doc["metadata"]["name"]] = doc
     if not claims and not pods:
-        raise ManifestError("no ResourceClaim, ResourceClaimTemplate or Pod to explain")
-    return Manifest(tuple(claims), tuple(pods), tuple(classes), templates)
+        found = f" (found {', '.join(skipped)})" if skipped else ""
+        raise ManifestError(f"no ResourceClaim, ResourceClaimTemplate or Pod to explain{found}")
+    return Manifest(
+        tuple(claims), tuple(pods), tuple(classes), templates, namespaces, tuple(skipped)
+    )
+
+
+def admin_access_problem(claim: Obj, namespace: Obj | None) -> str | None:
+    """Why the API server would refuse `claim` for its admin access in `namespace` (None: the
+    namespace does not exist), or None when it would not.
+
+    As kube-apiserver's `AuthorizedForAdmin`: only `exactly` requests can ask for it, the first
+    one that does is named, and the namespace must carry the label with the value "true".
+    """
+    requests = ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []
+    index = next(
+        (i for i, r in enumerate(requests) if ((r or {}).get("exactly") or {}).get("adminAccess")),
+        None,
+    )
+    if index is None:
+        return None
+    where = f"spec.devices.requests[{index}].adminAccess"
+    name = claim["metadata"].get("namespace", "")
+    if namespace is None:
+        return (
+            f"{where}: Internal error: could not retrieve namespace to verify admin access: "
+            f'namespaces "{name}" not found'
+        )
+    labels = (namespace.get("metadata") or {}).get("labels") or {}
+    if labels.get(ADMIN_ACCESS_LABEL) != "true":
+        return (
+            f"{where}: Forbidden: admin access to devices requires the "
+            f"`{ADMIN_ACCESS_LABEL}: true` label on the containing namespace"
+        )
+    return None
 
 
 def _from_template(template: Obj, *, name: str) -> Obj:

@@ -7,6 +7,7 @@ as the bus knows, and says so (NoSuchNodeError) instead of answering with an emp
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -42,6 +43,7 @@ M = TypeVar("M", bound=Message)
 # How many known nodes a "no such node" message names.
 _NAMED_NODES = 10
 _CONTROL_TIMEOUT_S = 5.0
+_STREAM_POLL_S = 1.0
 
 
 class CommandError(DraSuiteError):
@@ -230,6 +232,15 @@ async def _control(bus: Bus, subject: str, data: bytes, *, what: str) -> dict[st
     return answer
 
 
+async def _stream_appeared(bus: Bus, stream: str) -> api.StreamInfo:
+    while True:
+        await asyncio.sleep(_STREAM_POLL_S)
+        try:
+            return await bus.js.stream_info(stream)
+        except nats.js.errors.NotFoundError:
+            continue
+
+
 async def inject_fault(
     bus: Bus, *, driver: str, node: str, command: health_pb2.FaultCommand
 ) -> dict[str, Any]:
@@ -255,14 +266,20 @@ async def alerts(
 ) -> AsyncIterator[alert_pb2.Alert]:
     """The last `last` alerts of the stream, then (with `follow`) new ones as they arrive.
 
-    A message that is not an alert is reported to `skipped` and passed over. A stream that
-    does not exist yet is NoDataError (binding only: dractl never creates it).
+    A message that is not an alert is reported to `skipped` and passed over. The health agent
+    creates the stream with its first alert: on a bus where agents published (an inventory
+    bucket exists) a missing stream is no alerts (`follow` waits for it to appear); on a bus
+    where nothing was published it is NoDataError. Binding only: dractl never creates it.
     """
     stream = bus.names.alerts_stream
     try:
         info = await bus.js.stream_info(stream)
     except nats.js.errors.NotFoundError as exc:
-        raise NoDataError(f"no alerts yet (no stream {stream} on this bus)") from exc
+        if await _bind(bus, bus.names.inventory_bucket) is None:
+            raise NoDataError(f"no alerts yet (no stream {stream} on this bus)") from exc
+        if not follow:
+            return
+        info = await _stream_appeared(bus, stream)
     start = max(info.state.first_seq, info.state.last_seq - last + 1)
     subscription = await bus.js.subscribe(
         bus.names.alerts_wildcard,

@@ -64,8 +64,10 @@ def inventory_columns() -> list[Column]:
         Column("DEVICE", lambda d: d["name"]),
         Column("KIND", lambda d: d["kind"]),
         Column("CAPACITY", lambda d: _pairs(d["capacity"])),
+        Column("PUBLISHED", lambda d: "yes" if d["published"] else "no"),
         Column("POOL", lambda d: d["pool"], wide=True),
         Column("ATTRIBUTES", lambda d: _pairs(d["attributes"]), wide=True),
+        Column("UNPUBLISHED", lambda d: d["unpublished"] or "-", wide=True),
     ]
 
 
@@ -112,6 +114,18 @@ def _devices(claim: Item) -> str:
     )
 
 
+def _conditions(claim: Item) -> str:
+    """Per device `<device>:Ready,Healthy`; a condition not True shows its status."""
+    shown = []
+    for device in claim["devices"]:
+        parts = [
+            c["type"] if c["status"] == "True" else f"{c['type']}={c['status']}"
+            for c in device.get("conditions", [])
+        ]
+        shown.append(f"{device['device']}:{','.join(parts)}")
+    return " ".join(shown) or "<none>"
+
+
 def claim_columns(*, now: datetime) -> list[Column]:
     return [
         Column("NAMESPACE", lambda c: c["namespace"]),
@@ -119,6 +133,7 @@ def claim_columns(*, now: datetime) -> list[Column]:
         Column("NODE", lambda c: c["node"]),
         Column("DEVICES", _devices),
         Column("PODS", lambda c: _joined([p["name"] for p in c["pods"]])),
+        Column("CONDITIONS", _conditions),
         Column("STATE", lambda c: c["state"]),
         Column("AGE", lambda c: age(c["prepared"], now=now)),
         Column("UID", lambda c: c["uid"], wide=True),

@@ -24,6 +24,7 @@ from shared.config import (
     OpsSettings,
     TelemetrySettings,
     add_arguments,
+    add_version,
     from_args,
 )
 from shared.errors import ConfigError
@@ -48,6 +49,7 @@ def parse(argv: Sequence[str] | None, env: Mapping[str, str]) -> HealthConfig:
     parser = argparse.ArgumentParser(
         prog=SERVICE, description="dra-suite health agent: device health, taints and alerts."
     )
+    add_version(parser)
     for cls in (*_GROUPS.values(), HealthConfig):
         add_arguments(parser, cls)
     args = parser.parse_args(argv)

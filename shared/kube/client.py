@@ -12,10 +12,12 @@ import builtins
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import aiohttp
 import structlog
+import yaml
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.config.config_exception import ConfigException
@@ -64,6 +66,7 @@ class KubeClient:
         configuration = k8s_client.Configuration()
         try:
             if settings.kubeconfig:
+                _check_kubeconfig(settings.kubeconfig)
                 await k8s_config.load_kube_config(
                     config_file=settings.kubeconfig, client_configuration=configuration
                 )
@@ -76,6 +79,13 @@ class KubeClient:
                     await k8s_config.load_kube_config(client_configuration=configuration)
         except (ConfigException, OSError) as exc:
             raise ConfigError(f"kubernetes client config: {exc}", field="kubeconfig") from exc
+        except (yaml.YAMLError, TypeError, ValueError, KeyError, AttributeError) as exc:
+            # The client's loader trips over a file of the wrong shape with a bare TypeError.
+            where = settings.kubeconfig or "$KUBECONFIG or ~/.kube/config"
+            raise ConfigError(
+                f"kubernetes client config: malformed kubeconfig {where}: {exc!r}",
+                field="kubeconfig",
+            ) from exc
         api = k8s_client.ApiClient(configuration)
         api.user_agent = "dra-suite/0.1"
         use_static_proxy_settings(api)
@@ -358,3 +368,27 @@ def _selectors(label_selector: str, field_selector: str) -> list[tuple[str, str]
     if field_selector:
         query.append(("fieldSelector", field_selector))
     return query
+
+
+def _check_kubeconfig(path: str) -> None:
+    """An empty or malformed kubeconfig as a ConfigError that names the file and the fault."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"kubeconfig {path}: cannot read it: {exc}", field="kubeconfig") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        problem = str(exc).splitlines()[0]
+        if isinstance(exc, yaml.MarkedYAMLError) and exc.problem and exc.problem_mark:
+            mark = exc.problem_mark
+            problem = f"line {mark.line + 1}, column {mark.column + 1}: {exc.problem}"
+        raise ConfigError(
+            f"kubeconfig {path} is not valid YAML: {problem}", field="kubeconfig"
+        ) from exc
+    if not isinstance(data, dict) or not data:
+        what = "empty" if data is None or data == {} else f"a {type(data).__name__}"
+        raise ConfigError(
+            f"kubeconfig {path} is {what}, not a kubeconfig (clusters, users, contexts)",
+            field="kubeconfig",
+        )

@@ -9,8 +9,10 @@ stops its own stack the same way.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -234,3 +236,46 @@ def test_a_demo_stopped_half_way_stops_its_stack_and_says_so(short_tmp: Path) ->
         if demo.poll() is None:
             os.killpg(demo.pid, signal.SIGKILL)
             demo.wait(10)
+
+
+def _using(workdir: Path) -> set[int]:
+    """Every process whose command line names a path under `workdir`."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            except OSError:
+                continue
+            if any(str(workdir) in arg for arg in argv):
+                found.add(int(entry.name))
+    return found
+
+
+def test_after_a_sigkill_the_next_stack_names_the_orphans_and_starts_nothing(up: _Up) -> None:
+    """`kill -9` of `dra-suite up` leaves its children running (each in a process group of its
+    own); the next `up` on the work dir must not start a second nats-server on their store."""
+    up.wait_ready()
+    started = up.descendants()
+    up.process.kill()
+    up.process.wait(10)
+    orphans = {pid for pid in started if _alive(pid)}
+    try:
+        assert len(orphans) >= 5, "nats-server, the API emulator and three agents live on"
+        second = _run(_DRA_SUITE, "up", "--workdir", str(up.workdir))
+        assert second.returncode == 1, second.stdout + second.stderr
+        assert f"(pid {up.process.pid}) was killed without stopping its processes" in (
+            second.stderr
+        )
+        listed = second.stderr.split("they still run: ", 1)[1].split(". Stop", 1)[0]
+        named = {name: int(pid) for name, pid in re.findall(r"([\w-]+) \(pid (\d+)\)", listed)}
+        assert set(named) == {"nats-server", "apiserver", *AGENTS}
+        assert set(named.values()) <= orphans
+        assert f"`kill {' '.join(str(pid) for pid in named.values())}`" in second.stderr
+        assert "Traceback" not in second.stderr
+        assert (up.workdir / "kubeconfig.yaml").exists()  # nothing of theirs was wiped
+        assert _using(up.workdir) <= orphans  # no second nats-server, no second agent
+    finally:
+        for pid in orphans:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

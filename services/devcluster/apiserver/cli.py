@@ -14,6 +14,7 @@ import ssl
 import sys
 from collections.abc import Sequence
 
+from services.devcluster import extra
 from services.devcluster.apiserver.config import ClusterConfig, parse_gates
 from services.devcluster.apiserver.server import APIServerEmulator
 
@@ -77,6 +78,11 @@ async def _serve(
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parser().parse_args(argv)
+    try:
+        extra.require(*extra.EMULATOR_SCHEMAS)
+    except extra.MissingExtraError as exc:
+        print(f"apiserver: {exc}", file=sys.stderr)
+        sys.exit(1)
     try:
         config = ClusterConfig(
             kubernetes_version=args.kubernetes_version,

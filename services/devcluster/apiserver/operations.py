@@ -14,7 +14,7 @@ from uuid import uuid4
 
 import yaml
 
-from services.devcluster.apiserver import errors, strategy
+from services.devcluster.apiserver import admission, errors, strategy
 from services.devcluster.apiserver.config import ClusterConfig
 from services.devcluster.apiserver.patch import json_patch, merge_patch
 from services.devcluster.apiserver.registry import ResourceType
@@ -189,7 +189,11 @@ class Operations:
     ) -> None:
         strategy.drop_disabled_fields(rt.storage, obj, old, self.config, present=keys)
         strategy.set_taint_times(rt.storage, obj, old, now=now())
-        self.validator.semantics(rt, obj, old)
+        admitted = admission.admin_access(rt.storage, obj, old, self._namespace_object)
+        self.validator.semantics(rt, obj, old, first=admitted)
+
+    def _namespace_object(self, name: str) -> dict[str, Any] | None:
+        return self.store.get("namespaces", "", name)
 
     def _commit(self, rt: ResourceType, obj: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
         meta = obj["metadata"]

@@ -62,8 +62,16 @@ class Validator:
         if errors:
             raise invalid(rt.kind, rt.group, _name(obj), errors)
 
-    def semantics(self, rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
-        errors = _metadata(rt, obj.get("metadata") or {})
+    def semantics(
+        self,
+        rt: ResourceType,
+        obj: dict[str, Any],
+        old: dict[str, Any] | None,
+        *,
+        first: list[FieldError] | None = None,
+    ) -> None:
+        """Raise one 422 with every rule's errors; `first` (admission's) lead the list."""
+        errors = [*(first or []), *_metadata(rt, obj.get("metadata") or {})]
         rule = _RULES.get(rt.storage)
         if rule is not None:
             errors += rule(obj, old, self._minor)

@@ -1,5 +1,6 @@
 """The discovery agent's /readyz: not ready until its slices are published, and not ready while
-the API server rejects one of them (the rejection's message is the reason)."""
+the API server rejects one of them (the rejection's message is the reason); a device the
+pre-publish check leaves out is a detail line of a ready answer."""
 
 from __future__ import annotations
 
@@ -12,8 +13,13 @@ import pytest
 from services.devcluster import flow
 from services.devcluster.apiserver import APIServerEmulator
 from services.discovery.agent import DiscoveryAgent
+from services.discovery.backends import sim
 from services.discovery.config import DiscoveryConfig
+from shared.bus import codec
+from shared.bus.connection import Bus
 from shared.config import KubeSettings, NATSSettings, OpsSettings
+from shared.pb.drasuite.v1 import inventory_pb2
+from shared.sim.profile import SimDevice
 from shared.supervisor import run_agent
 
 pytestmark = pytest.mark.integration
@@ -65,6 +71,51 @@ async def test_readiness_fails_with_the_api_servers_reason_while_a_slice_is_reje
         reason = await flow.eventually(rejected, what="readiness to report the rejection")
         assert "422 Invalid: injected fault" in reason
         assert kube.objects("resourceslices") == []
+    finally:
+        stop.set()
+        assert await runner == 0
+
+
+async def test_a_device_left_out_of_the_slices_is_a_readiness_detail_and_marked_in_nats(
+    kube: APIServerEmulator, kube_settings: KubeSettings, nats_settings: NATSSettings, bus: Bus
+):
+    """An 80-character chipName breaks the API's 64-byte limit: the device is not published,
+    the agent stays ready (the rest of the pool is), and says so in /readyz and the inventory."""
+    kube.create_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+    backend = sim.SimBackend.from_profile("gpu")
+    backend.add_device(SimDevice(name="gpu-long", kind="gpu", attributes={"chipName": "X" * 80}))
+    port = _free_port()
+    config = DiscoveryConfig(
+        nats=nats_settings,
+        kube=kube_settings,
+        node_name=NODE,
+        ops=OpsSettings(ops_host="127.0.0.1", ops_port=port),
+    )
+    stop = asyncio.Event()
+    agent = DiscoveryAgent(config, backend=backend)
+    runner = asyncio.create_task(run_agent(agent, grace_s=5, stop=stop, handle_signals=False))
+    try:
+
+        async def detailed() -> str | None:
+            status, text = await _readyz(port)
+            return text if status == 200 and "gpu-long" in text else None
+
+        text = await flow.eventually(detailed, what="readiness to name the dropped device")
+        assert text.startswith("ok\ndevices: 1 device(s) not published in ResourceSlices: ")
+        assert "gpu-long (invalid: attribute 'chipName'" in text
+        key = bus.names.inventory_key(config.driver_name, NODE)
+
+        async def marked() -> inventory_pb2.Inventory | None:
+            data = await bus.kv_get(bus.names.inventory_bucket, key)
+            if data is None:
+                return None
+            inv = codec.decode(inventory_pb2.Inventory, data, subject=key)
+            return inv if any(d.unpublished for d in inv.devices) else None
+
+        inv = await flow.eventually(marked, what="the inventory to mark the dropped device")
+        marks = {d.name: d.unpublished for d in inv.devices}
+        assert marks["gpu-long"].startswith("invalid: attribute 'chipName'")
+        assert [name for name, mark in marks.items() if mark] == ["gpu-long"]
     finally:
         stop.set()
         assert await runner == 0

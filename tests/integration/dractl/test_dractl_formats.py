@@ -10,12 +10,14 @@ import re
 import pytest
 import yaml
 
+from shared.bus import codec
 from shared.bus.connection import Bus
 from shared.config import NATSSettings
 from tests.integration.dractl.dractl_process import (
     DRIVER,
     NODE,
     dractl,
+    inventory,
     publish_alert,
     publish_node,
 )
@@ -37,8 +39,11 @@ async def test_wide_columns_appear_only_with_o_wide(bus: Bus, nats_settings: NAT
     await publish_node(bus)
     narrow = await dractl(nats_settings, "inventory")
     wide = await dractl(nats_settings, "inventory", "-o", "wide")
-    assert narrow.out.splitlines()[0].split() == ["DEVICE", "KIND", "CAPACITY"]
-    assert wide.out.splitlines()[0].split() == ["DEVICE", "KIND", "CAPACITY", "POOL", "ATTRIBUTES"]
+    assert narrow.out.splitlines()[0].split() == ["DEVICE", "KIND", "CAPACITY", "PUBLISHED"]
+    assert wide.out.splitlines()[0].split() == [
+        *("DEVICE", "KIND", "CAPACITY", "PUBLISHED"),
+        *("POOL", "ATTRIBUTES", "UNPUBLISHED"),
+    ]
     assert "numaNode=1" in wide.out
     assert "numaNode" not in narrow.out
 
@@ -64,6 +69,29 @@ async def test_health_json_is_one_list_with_human_names_and_rfc3339_times(
     assert "sinceUnixMs" not in answer.out
 
 
+async def test_inventory_marks_a_device_the_discovery_agent_left_out_of_the_slices(
+    bus: Bus, nats_settings: NATSSettings
+):
+    inv = inventory()
+    why = "invalid: attribute 'chipName': string is longer than 64 bytes"
+    inv.devices.add(name="gpu-long", kind="gpu", unpublished=why)
+    key = bus.names.inventory_key(DRIVER, NODE)
+    await bus.kv_put(bus.names.inventory_bucket, key, codec.encode(inv))
+    narrow = await dractl(nats_settings, "inventory")
+    assert narrow.code == 0, narrow.err
+    rows = {line.split()[0]: line.split()[-1] for line in narrow.out.splitlines()[1:]}
+    assert rows == {"gpu-0": "yes", "gpu-long": "no"}
+    assert "1 device(s) not published in ResourceSlices" in narrow.err
+    assert "-o wide" in narrow.err
+    wide = await dractl(nats_settings, "inventory", "-o", "wide")
+    assert why in wide.out
+    as_json = await dractl(nats_settings, "inventory", "-o", "json")
+    devices = {d["name"]: d for d in json.loads(as_json.out)}
+    assert (devices["gpu-long"]["published"], devices["gpu-long"]["unpublished"]) == (False, why)
+    assert (devices["gpu-0"]["published"], devices["gpu-0"]["unpublished"]) == (True, None)
+    assert as_json.err == ""
+
+
 async def test_yaml_says_what_json_says(bus: Bus, nats_settings: NATSSettings):
     await publish_node(bus)
     as_json = await dractl(nats_settings, "inventory", "-o", "json")
@@ -77,17 +105,24 @@ async def test_yaml_says_what_json_says(bus: Bus, nats_settings: NATSSettings):
     )
 
 
+CONDITIONS = "gpu-0:Ready,Healthy"
+"""The device's conditions as its claim's status.devices has them (healthy, prepared)."""
+
+
 async def test_claims_lists_devices_pods_and_state(bus: Bus, nats_settings: NATSSettings):
     await publish_node(bus)
     await publish_node(bus, node="node-b")
     table = await dractl(nats_settings, "claims")
     assert table.code == 0, table.err
     header, *rows = table.out.splitlines()
-    assert header.split() == ["NAMESPACE", "NAME", "NODE", "DEVICES", "PODS", "STATE", "AGE"]
-    assert [row.split()[:6] for row in rows] == [
-        ["team-a", "train", node, "gpu-0", "trainer-0", "PREPARED"] for node in ("node-a", "node-b")
+    assert header.split() == [
+        "NAMESPACE", "NAME", "NODE", "DEVICES", "PODS", "CONDITIONS", "STATE", "AGE"
+    ]  # fmt: skip
+    assert [row.split()[:7] for row in rows] == [
+        ["team-a", "train", node, "gpu-0", "trainer-0", CONDITIONS, "PREPARED"]
+        for node in ("node-a", "node-b")
     ]
-    assert all(re.fullmatch(r"9\d s".replace(" ", ""), row.split()[6]) for row in rows)  # 90s ago
+    assert all(re.fullmatch(r"9\d s".replace(" ", ""), row.split()[7]) for row in rows)  # 90s ago
 
     one = await dractl(nats_settings, "claims", "--node", "node-b", "-o", "json")
     [claim] = json.loads(one.out)
@@ -96,6 +131,7 @@ async def test_claims_lists_devices_pods_and_state(bus: Bus, nats_settings: NATS
     assert claim["devices"][0]["cdiDeviceIds"] == [f"k8s.{DRIVER}/claim=uid-1-gpu-0"]
     assert claim["state"] == "PREPARED"
     assert claim["prepared"].endswith("Z")
+    assert [c["type"] for c in claim["devices"][0]["conditions"]] == ["Ready", "Healthy"]
 
 
 async def test_alerts_table_has_an_age_and_json_is_a_list(bus: Bus, nats_settings: NATSSettings):

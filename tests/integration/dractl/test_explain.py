@@ -225,3 +225,65 @@ async def test_a_pods_claims_must_fit_together(client, kube_settings, tmp_path):
     assert "CLAIM default/greedy-a: fits on 1 of 1 node" in out
     assert "CLAIM default/greedy-b: fits on 1 of 1 node" in out
     assert "POD default/greedy: its 2 claims fit together on 0 of 1 nodes" in out
+
+
+async def test_the_shipped_admin_access_example_is_explained_and_its_other_kinds_skipped(
+    client, kube_settings
+):
+    example = Path(REPO) / "deploy/kustomize/examples/npu-admin-access.yaml"
+    code, stderr = await _dractl(kube_settings, "explain", "-f", str(example))
+    assert code == 0, stderr
+    # Its Namespace counts (its label allows the admin access), its DaemonSet is skipped.
+    assert "skipped DaemonSet/npu-monitor (not a claim, template or pod)" in stderr
+
+
+def _admin_claim(namespace: str) -> Obj:
+    claim = _claim("inspect", count=1, cel="", adminAccess=True)
+    claim["metadata"]["namespace"] = namespace
+    return claim
+
+
+async def test_admin_access_in_an_unlabelled_namespace_is_bad_input(
+    client, kube_settings, tmp_path
+):
+    """The API server would refuse the claim (KEP-5018): it cannot fit, it cannot even exist."""
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}}
+    await client.create(explain.NAMESPACES, namespace)
+    path = tmp_path / "claim.yaml"
+    path.write_text(yaml.safe_dump(_admin_claim("team-a")))
+    code, stderr = await _dractl(kube_settings, "explain", "-f", str(path))
+    assert code == 2
+    assert (
+        "claim team-a/inspect: the API server rejects it: spec.devices.requests[0].adminAccess: "
+        "Forbidden: admin access to devices requires the "
+        "`resource.kubernetes.io/admin-access: true` label on the containing namespace"
+    ) in stderr
+    path.write_text(yaml.safe_dump(_admin_claim("nowhere")))
+    code, stderr = await _dractl(kube_settings, "explain", "-f", str(path))
+    assert code == 2
+    assert 'could not retrieve namespace to verify admin access: namespaces "nowhere"' in stderr
+
+
+async def test_admin_access_in_a_labelled_namespace_is_explained(client, kube_settings, tmp_path):
+    labels = {"resource.kubernetes.io/admin-access": "true"}
+    metadata = {"name": "ops", "labels": labels}
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata}
+    await client.create(explain.NAMESPACES, namespace)
+    path = tmp_path / "claim.yaml"
+    path.write_text(yaml.safe_dump(_admin_claim("ops")))
+    code, stderr = await _dractl(kube_settings, "explain", "-f", str(path))
+    assert code == 0, stderr
+
+
+async def test_a_node_without_devices_says_so_and_exits_1(client, kube_settings, tmp_path):
+    path = tmp_path / "claim.yaml"
+    path.write_text(yaml.safe_dump(_claim("two", count=2)))
+    code, stderr = await _dractl(kube_settings, "explain", "-f", str(path), "--node", "nope")
+    assert code == 1
+    assert "no such node: nope (nodes with devices: node-a, node-b)" in stderr
+    assert "candidates" not in stderr
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "cpu-only"}}
+    await client.create(resources.NODES, node)
+    code, stderr = await _dractl(kube_settings, "explain", "-f", str(path), "--node", "cpu-only")
+    assert code == 1
+    assert "node cpu-only has no devices: no ResourceSlice names it" in stderr

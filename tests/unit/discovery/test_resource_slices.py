@@ -189,6 +189,7 @@ def test_a_bad_device_is_rejected_and_the_rest_is_published():
     (rejection,) = want.rejected
     assert rejection.name == "bad"
     assert "longer than 64 bytes" in rejection.problems[0]
+    assert rejection.reason == "invalid"
 
 
 def test_consuming_an_unknown_counter_set_rejects_the_device():
@@ -200,6 +201,7 @@ def test_duplicate_device_names_keep_the_first():
     want = slices.desired(_inventory([*_plain(1), *_plain(1)]))
     assert len(want.contents[0]["devices"]) == 1
     assert want.rejected[0].problems == ("duplicate device name in the pool",)
+    assert want.rejected[0].reason == "duplicate"
 
 
 def test_spec_names_driver_node_and_pool_with_generation_and_count():

@@ -138,6 +138,7 @@ def test_on_1_34_a_group_too_big_for_one_slice_is_rejected_whole(counter_sets, d
         s.name for s in counter_sets
     }
     assert problem in pool.rejected[0].problems[0]
+    assert {r.reason for r in pool.rejected} == {"over_limit"}
 
 
 def test_on_1_34_a_device_consuming_more_than_32_counters_is_rejected():
@@ -145,6 +146,7 @@ def test_on_1_34_a_device_consuming_more_than_32_counters_is_rejected():
     sets = [_counter_set("a", 17), _counter_set("b", 17)]
     pool = slices.desired(_inventory([device], shared_counters=sets), rules=V134)
     assert "consumes 34 counters, more than Kubernetes 1.34 allows" in pool.rejected[0].problems
+    assert pool.rejected[0].reason == "over_limit"
 
 
 @pytest.mark.parametrize(

@@ -71,3 +71,27 @@ async def test_readiness_needs_the_ready_event_and_every_readiness_check(ops):
     assert await _get(server, "/readyz") == (503, "slices: slices not published yet\n")
     ready.reason = None
     assert await _get(server, "/readyz") == (200, "ok\n")
+
+
+async def test_readiness_notes_add_detail_lines_without_failing_it():
+    ready, note = _Flag(), _Flag()
+    server = OpsServer(
+        host="127.0.0.1",
+        port=0,
+        ready=asyncio.Event(),
+        readiness={"slices": ready},
+        notes={"devices": note},
+    )
+    server.ready.set()
+    await server.start()
+    try:
+        assert await _get(server, "/readyz") == (200, "ok\n")
+        note.reason = "1 device(s) not published"
+        assert await _get(server, "/readyz") == (200, "ok\ndevices: 1 device(s) not published\n")
+        ready.reason = "rejected"
+        assert await _get(server, "/readyz") == (
+            503,
+            "slices: rejected\ndevices: 1 device(s) not published\n",
+        )
+    finally:
+        await server.stop()

@@ -267,6 +267,7 @@ class Device(_message.Message):
     CONSUMES_COUNTERS_FIELD_NUMBER: _builtins.int
     PARENT_FIELD_NUMBER: _builtins.int
     SHARED_CAPACITY_FIELD_NUMBER: _builtins.int
+    UNPUBLISHED_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Device name, a DNS label unique within the pool."""
     kind: _builtins.str
@@ -275,6 +276,11 @@ class Device(_message.Message):
     """Stable hardware identity (GPU UUID, NPU serial); empty for none."""
     parent: _builtins.str
     """Name of the device this one is a partition of; empty for a whole device."""
+    unpublished: _builtins.str
+    """Why the discovery agent leaves this device out of the node's ResourceSlices (it breaks a
+    rule of the API server, or the server cannot publish it); empty when it is published.
+    Set by the discovery agent after planning the slices; scanned devices never carry it.
+    """
     @_builtins.property
     def attributes(self) -> _containers.MessageMap[_builtins.str, Global___AttributeValue]:
         """Attribute qualified name -> value, exactly as published in the ResourceSlice."""
@@ -310,10 +316,11 @@ class Device(_message.Message):
         consumes_counters: _abc.Iterable[Global___CounterConsumption] | None = ...,
         parent: _builtins.str = ...,
         shared_capacity: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        unpublished: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attributes", b"attributes", "capacity", b"capacity", "consumes_counters", b"consumes_counters", "device_nodes", b"device_nodes", "env", b"env", "kind", b"kind", "name", b"name", "parent", b"parent", "shared_capacity", b"shared_capacity", "uuid", b"uuid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attributes", b"attributes", "capacity", b"capacity", "consumes_counters", b"consumes_counters", "device_nodes", b"device_nodes", "env", b"env", "kind", b"kind", "name", b"name", "parent", b"parent", "shared_capacity", b"shared_capacity", "unpublished", b"unpublished", "uuid", b"uuid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
