@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import shutil
 import time
 from collections import Counter
@@ -78,10 +79,13 @@ def write_profile(path: Path, document: Obj) -> None:
 
 
 def hot_plug(path: Path, name: str) -> None:
-    """Add a GPU named `name` (a copy of the profile's last GPU) to the profile file."""
+    """Add a GPU named `name` (a copy of the profile's last GPU) to the profile file. Its
+    device node and visible id carry the number in its name (`soak-gpu-112` -> `/dev/nvidia112`),
+    as the allocation agent binds a sim device's edits to that number."""
     document = yaml.safe_load(path.read_text())
     template = next(d for d in reversed(document["devices"]) if d["kind"] == "gpu")
-    index = len(document["devices"])
+    numbered = re.search(r"([0-9]+)$", name)
+    index = int(numbered.group(1)) if numbered else len(document["devices"])
     device = {
         **template,
         "name": name,

@@ -378,7 +378,7 @@ async def _settled(
 async def _setup(node: ReliabilityNode) -> list[str]:
     """Hot-plug the extra GPUs; the devices the churn leases, once the node has them all."""
     for index in range(EXTRA_GPUS):
-        hot_plug(node.profile, f"soak-gpu-{index}")
+        hot_plug(node.profile, f"soak-gpu-{100 + index}")
     await node.wait_slices_match_profile()
     await node.wait_health_converged()
     return sorted(profile_devices(node.profile))
