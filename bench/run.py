@@ -22,6 +22,7 @@ from bench.health import measure_health
 from bench.huge_call import measure_huge_call
 from bench.image_size import measure_image_size
 from bench.k8s import measure_k8s
+from bench.mps_share import measure_mps_share
 from bench.nats_auth import measure_nats_auth
 from bench.prepare import measure_prepare
 from bench.slices import measure_slices
@@ -45,6 +46,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         soak = await measure_soak(workdir=Path(tmp) / "soak")
         device_plugin = await measure_device_plugin(workdir=Path(tmp) / "device-plugin")
         nats_auth = await measure_nats_auth(workdir=Path(tmp) / "nats-auth")
+        mps_share = await measure_mps_share(workdir=Path(tmp) / "mps")
         explain = await measure_explain()
         image = await asyncio.to_thread(measure_image_size)
         k8s = await measure_k8s()
@@ -58,6 +60,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         **soak,
         **device_plugin.as_results(),
         **nats_auth.as_results(),
+        **mps_share,
         **explain,
         **image,
         **k8s,

@@ -49,6 +49,7 @@ _INSTANCE_UID = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,62})$")
 CRASH_STEPS = (
     "prepare-started",
     "partition-created",
+    "mps-started",
     "metadata-written",
     "cdi-written",
     "prepare-completed",
@@ -143,6 +144,19 @@ class AllocationConfig:
         "MIG device) may take before the claim fails.",
     )
     """Below the kubelet's 45 s call deadline, so the claim gets our error, not a timeout."""
+    mps_control_path: str = setting(
+        "",
+        flag="--mps-control-path",
+        help="nvml/sim: the host's nvidia-cuda-mps-control (under the driver root) that runs "
+        "one MPS control daemon per claim sharing a GPU, with the claim's limits. Empty: none "
+        "(a share then gets only the MPS variables, which nothing enforces).",
+    )
+    """Run as a child process of the agent; see docs/sharing.md for why not a pod."""
+    mps_timeout_s: float = setting(
+        10.0,
+        flag="--mps-timeout-s",
+        help="Seconds one nvidia-cuda-mps-control run (start, limits, quit) may take.",
+    )
     kubelet_api: str = setting(
         "dra",
         flag="--kubelet-api",
@@ -210,6 +224,16 @@ class AllocationConfig:
             )
         if self.partition_timeout_s <= 0:
             raise ConfigError("partition timeout must be > 0", field="partition_timeout_s")
+        if self.mps_timeout_s <= 0:
+            raise ConfigError("mps timeout must be > 0", field="mps_timeout_s")
+        # A claim UID is 36 characters; the daemon's socket path must fit sun_path.
+        mps_socket = self.mps_dir / ("u" * 36) / "pipe" / "control"
+        if self.mps_control_path and len(str(mps_socket).encode()) > _MAX_SOCKET_PATH:
+            raise ConfigError(
+                f"the MPS daemons' sockets ({mps_socket}) would exceed {_MAX_SOCKET_PATH} bytes; "
+                "use a shorter plugin data directory",
+                field="plugin_data_dir",
+            )
         if self.replaced_claim_wait_s < 0:
             raise ConfigError("replaced claim wait must be >= 0", field="replaced_claim_wait_s")
         if self.inventory_wait_s < 0:
@@ -303,6 +327,11 @@ class AllocationConfig:
     def metadata_dir(self) -> Path:
         """Device metadata files, one directory per prepared claim UID (`metadata.files`)."""
         return self.data_dir / "dra-device-metadata"
+
+    @property
+    def mps_dir(self) -> Path:
+        """One directory per claim with an MPS daemon: its pipe and log (`mps.daemons`)."""
+        return self.data_dir / "mps"
 
     @property
     def inventory_path(self) -> Path:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
+from services.allocation.mps import layout as mps_layout
 from shared.errors import ClaimError
 
 __all__ = [
@@ -62,6 +63,8 @@ _NVIDIA_ENV = frozenset(
         "NVIDIA_VISIBLE_DEVICES",
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+        mps_layout.PIPE_DIR_ENV,
+        mps_layout.LOG_DIR_ENV,
     }
 )
 VISIBLE_ENV = frozenset({"ASCEND_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"})
@@ -84,6 +87,9 @@ _VALUES = {
     "NVIDIA_VISIBLE_DEVICES": _listed(_NVIDIA_ID),
     "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": re.compile(_PERCENT),
     "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": _listed(r"[0-9]{1,3}=[0-9]{1,12}M"),
+    # The claim's own MPS daemon's directories, as mounted into the container: only these.
+    mps_layout.PIPE_DIR_ENV: re.compile(re.escape(mps_layout.CONTAINER_PIPE_DIR)),
+    mps_layout.LOG_DIR_ENV: re.compile(re.escape(mps_layout.CONTAINER_LOG_DIR)),
     # A claim UID, or the device-plugin front's stand-in (`device-plugin <resource>`).
     "DRA_SUITE_CLAIM_UID": re.compile(r"[A-Za-z0-9][A-Za-z0-9 ./-]{0,255}", re.ASCII),
     "DRA_SUITE_DEVICES": _listed(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"),

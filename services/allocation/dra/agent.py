@@ -33,6 +33,7 @@ from services.allocation.dra.service import DRAService, DRAServiceV1Beta1
 from services.allocation.kubelet import front_guard, socket_server, sockets
 from services.allocation.metadata import gate
 from services.allocation.metadata.files import MetadataFiles
+from services.allocation.mps.daemons import MpsDaemons
 from services.allocation.node_view import watchers
 from services.allocation.node_view.health_board import HealthBoard
 from services.allocation.node_view.inventory_cache import InventoryCache
@@ -75,6 +76,13 @@ class AllocationAgent:
         self.cdi = CDIWriter(config.cdi_root, driver=driver)
         self.metadata = MetadataFiles(config.metadata_dir)
         self.partitions = by_backend.build(config)
+        self.mps = (
+            MpsDaemons(
+                config.mps_dir, binary=config.mps_control_path, timeout_s=config.mps_timeout_s
+            )
+            if config.mps_control_path and config.backend in ("nvml", "sim")
+            else None
+        )
         self.bus = Bus(
             config.nats, name=f"dra-allocation-{node}", component="allocation", node=node
         )
@@ -145,6 +153,7 @@ class AllocationAgent:
             ),
             metadata_files=self.metadata,
             device_metadata=device_metadata,
+            mps=self.mps,
         )
         self.preparer = preparer
         await preparer.recover()

@@ -36,6 +36,7 @@ __all__ = [
     "ClaimState",
     "PreparedClaim",
     "PreparedDevice",
+    "PreparedMps",
     "PreparedPartition",
     "decode",
     "encode",
@@ -77,6 +78,18 @@ class PreparedPartition:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PreparedMps:
+    """The claim's own MPS control daemon (`services.allocation.mps`): the GPUs it serves, in
+    its CUDA_VISIBLE_DEVICES order, and the limits it sets for them."""
+
+    devices: tuple[str, ...]
+    """GPU UUIDs (or indices where a device has none)."""
+    thread_percentage: int | None = None
+    pinned_mib: tuple[int | None, ...] = ()
+    """Per device of `devices`: its pinned device memory limit in MiB; None: no limit."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PreparedClaim:
     """The stored answer to NodePrepareResources for one claim, and what was written for it."""
 
@@ -96,6 +109,9 @@ class PreparedClaim:
     device_metadata: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """Base request name -> its DeviceMetadata document (version-less, `metadata.document`),
     which the CDI spec mounts; regenerated from here if its file is lost. Empty: feature off."""
+    mps: PreparedMps | None = None
+    """The claim's MPS control daemon; stored in PrepareStarted before it is started, so that
+    a crash never leaves one that no record names."""
 
     def completed(self) -> PreparedClaim:
         return replace(self, state=ClaimState.PREPARE_COMPLETED)
@@ -131,6 +147,12 @@ def encode(record: PreparedClaim) -> bytes:
             {"deviceName": p.device, "profile": p.profile, "partitionID": p.partition_id}
             for p in record.partitions
         ]
+    if record.mps is not None:
+        document["mps"] = {
+            "devices": list(record.mps.devices),
+            "threadPercentage": record.mps.thread_percentage,
+            "pinnedMiB": list(record.mps.pinned_mib),
+        }
     document["checksum"] = _checksum(document)
     # Compact on purpose: `indent` would force the pure-Python encoder (~8x slower), and every
     # prepare writes two records. `jq .` shows a file readably.
@@ -176,9 +198,21 @@ def decode(data: bytes, *, path: Path) -> PreparedClaim:
                 )
                 for p in document.get("partitions") or ()
             ),
+            mps=_decode_mps(document.get("mps")),
         )
     except (ValueError, TypeError, KeyError) as exc:
         raise CheckpointCorruptError(f"checkpoint {path}: {exc}", path=str(path)) from exc
+
+
+def _decode_mps(mps: Mapping[str, Any] | None) -> PreparedMps | None:
+    if mps is None:
+        return None
+    percentage = mps.get("threadPercentage")
+    return PreparedMps(
+        devices=tuple(str(d) for d in mps["devices"]),
+        thread_percentage=None if percentage is None else int(percentage),
+        pinned_mib=tuple(None if m is None else int(m) for m in mps.get("pinnedMiB") or ()),
+    )
 
 
 def _decode_device(device: Mapping[str, Any]) -> PreparedDevice:

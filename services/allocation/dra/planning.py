@@ -32,6 +32,8 @@ from services.allocation.dra.checkpoint import (
 )
 from services.allocation.dra.claims import AllocatedClaim, DeviceResult
 from services.allocation.metadata import document
+from services.allocation.mps import layout as mps_layout
+from services.allocation.mps import limits as mps_limits
 from services.allocation.partitions import Partition, on_demand_option
 from shared.errors import ClaimError, DeviceNotAllocatableError, InvalidOpaqueConfigError
 from shared.pb.drasuite.v1 import inventory_pb2
@@ -47,12 +49,15 @@ def plan(
     backend: str,
     partitions: Mapping[str, Partition] | None = None,
     metadata_root: PurePosixPath | None = None,
+    mps_root: PurePosixPath | None = None,
 ) -> PreparedClaim:
     """What preparing `claim` means on this node; pure, raises the claim's error.
 
     `partitions` are the partitions made for the claim, by device name. When the configs ask
     for partitions that are not all there, the record has `cdi_spec=None` and lists them.
     `metadata_root`: where device metadata files live (`metadata.files`); None: none written.
+    `mps_root`: where MPS daemons keep their directories (`mps.daemons`); None: no daemon, a
+    shared GPU gets only the MPS variables.
     """
     ref = claim.ref
     resolved = [
@@ -66,6 +71,7 @@ def plan(
     names = spec_files.device_names(
         ref.uid, [(r.request, r.device, r.share_id) for r, _ in resolved]
     )
+    mps = mps_limits.plan(resolved, configs) if mps_root is not None else None
     spec = None
     bodies: dict[str, dict[str, Any]] = {}
     if resolved and all(p.partition_id for p in wanted):
@@ -80,6 +86,7 @@ def plan(
             driver=driver,
             backend=backend,
             metadata_root=metadata_root,
+            mps_root=mps_root if mps is not None else None,
         )
     elif resolved:
         # No partition is made of a device whose own edits its backend would not make.
@@ -105,6 +112,7 @@ def plan(
         },
         partitions=wanted,
         device_metadata=bodies,
+        mps=mps,
     )
 
 
@@ -166,6 +174,32 @@ def _with_metadata_mounts(
     return out
 
 
+def _with_mps(
+    claim_uid: str,
+    devices: list[spec_files.CDIDevice],
+    resolved: list[tuple[DeviceResult, inventory_pb2.Device]],
+    configs: Mapping[str, opaque.DeviceConfig],
+    *,
+    root: PurePosixPath,
+    backend: str,
+) -> list[spec_files.CDIDevice]:
+    """Each CDI device of a GPU the claim's daemon serves gets the daemon's directories and the
+    variables that name them (checked against the backend's allowlist like every other)."""
+    out = []
+    for device, (result, inventory_device) in zip(devices, resolved, strict=True):
+        if mps_limits.served(result, inventory_device, configs.get(result.request)):
+            env = {**device.env, **mps_layout.container_env()}
+            allowlist.check(
+                backend=backend,
+                claim_uid=claim_uid,
+                devices=[allowlist.DeviceEdits(device=inventory_device.name, nodes=(), env=env)],
+            )
+            mounts = (*device.mounts, *mps_layout.mounts(root, claim_uid))
+            device = replace(device, env=env, mounts=mounts)
+        out.append(device)
+    return out
+
+
 def _prepared_device(result: DeviceResult, *, name: str, driver: str) -> PreparedDevice:
     """The answer for one result; its CDI ID depends on the claim alone (never on partitions)."""
     return PreparedDevice(
@@ -187,6 +221,7 @@ def _spec(
     driver: str,
     backend: str,
     metadata_root: PurePosixPath | None,
+    mps_root: PurePosixPath | None,
 ) -> dict[str, object]:
     uid = claim.ref.uid
     uses = [
@@ -207,6 +242,9 @@ def _spec(
         roots = (metadata_root,)
         requests = [result.request for result, _ in resolved]
         devices = _with_metadata_mounts(claim, devices, requests, root=metadata_root, driver=driver)
+    if mps_root is not None:
+        roots = (*roots, mps_root)
+        devices = _with_mps(uid, devices, resolved, configs, root=mps_root, backend=backend)
     spec = spec_files.build_spec(driver=driver, devices=devices, common_nodes=edits.common_nodes)
     allowlist.check_spec(spec, claim_uid=uid, backend=backend, mount_roots=roots)
     if problems := spec_files.validate(spec):

@@ -8,12 +8,15 @@ only then come the side effects, in a crash-safe order: checkpoint PrepareStarte
 metadata files, then) CDI spec -> checkpoint PrepareCompleted (fsynced before the kubelet is
 answered). A claim that asks for partitions stores PrepareStarted (naming them) first, then has
 the partition manager make them (idempotent by claim UID and device), then plans its spec with
-them; an option made on demand is made as a partition of its parent at its own placement.
-Unprepare removes the CDI spec, then the claim's metadata files and partitions, then the
-checkpoint; unknown claims unprepare cleanly. A UID prepared under one claim name is refused
-under another. At start, partitions that no record names are orphans (a quarantined record) and
-are removed. A claim recreated under the same name (new UID) waits, bounded, until the
-preparation of the old UID is unprepared (CONTRACTS 10).
+them; an option made on demand is made as a partition of its parent at its own placement. A
+claim that shares a GPU (`mps`) stores PrepareStarted (naming its MPS daemon) durably, then
+starts or adopts its daemon, then writes its spec; recovery keeps the daemon of every completed
+claim running and stops those no record names.
+Unprepare removes the CDI spec, then the claim's metadata files, MPS daemon and partitions,
+then the checkpoint; unknown claims unprepare cleanly. A UID prepared under one claim name is
+refused under another. At start, partitions that no record names are orphans (a quarantined
+record) and are removed. A claim recreated under the same name (new UID) waits, bounded, until
+the preparation of the old UID is unprepared (CONTRACTS 10).
 
 Fault-injection seam: `crash_at` names a step (`config.CRASH_STEPS`) at which the process exits
 at once with code 137, as a kill -9 would; the kill -9 tests set it through `cli` only.
@@ -44,6 +47,7 @@ from services.allocation.dra.claims import AllocatedClaim, ClaimRef, PodRef
 from services.allocation.dra.planning import CLAIM_UID_ENV, DEVICES_ENV, find_device, plan
 from services.allocation.dra.serialize import InstanceLock
 from services.allocation.metadata.files import MetadataFiles
+from services.allocation.mps.daemons import MpsDaemons
 from services.allocation.partitions import Partition, PartitionManager, on_demand_option
 from shared import telemetry
 from shared.errors import ClaimError, ClaimUIDMismatchError
@@ -132,11 +136,13 @@ class ClaimPreparer:
         announce: PreparedClaimSink | None = None,
         metadata_files: MetadataFiles | None = None,
         device_metadata: bool = False,
+        mps: MpsDaemons | None = None,
     ) -> None:
         """`backend`: the node's own (`--backend`), which picks the container edits and their
         allowlist, never the inventory's. `announce`: told of each completed prepare and
         unprepare (the prepared-claims KV). `metadata_files`: where device metadata files are
-        kept (written, regenerated, removed); new claims get them only with `device_metadata`."""
+        kept (written, regenerated, removed); new claims get them only with `device_metadata`.
+        `mps`: the MPS control daemons; with it, a claim that shares a GPU gets its own."""
         self._claims = claims
         self._inventory = inventory
         self._checkpoints = checkpoints
@@ -154,6 +160,8 @@ class ClaimPreparer:
         self._metadata_root = (
             metadata_files.mount_root if metadata_files is not None and device_metadata else None
         )
+        self._mps = mps
+        self._mps_root = mps.mount_root if mps is not None else None
 
     async def prepare_batch(
         self, refs: Sequence[ClaimRef], *, deadline: float | None = None
@@ -254,6 +262,9 @@ class ClaimPreparer:
                 log.warning("checkpoint_record_restored")
             if record.cdi_spec is not None and not self._written(record):
                 await self._write_spec(record)
+            mps = self._mps
+            if record.mps is not None and mps is not None and not mps.listening(record.uid):
+                await self._start_mps(record)
             log.info("claim_prepare_repeated", devices=len(record.devices))
             self._announce_prepared(record, claim=None)
             return record
@@ -266,11 +277,18 @@ class ClaimPreparer:
                 driver=self._driver,
                 backend=self._backend,
                 metadata_root=self._metadata_root,
+                mps_root=self._mps_root,
             )
             if record.partitions:
                 self._check_partitions(record)
                 await self._put_started(record)
                 record = await self._make_partitions(record, claim)
+                await self._start_mps(record)
+                await self._write_spec(record)
+            elif record.mps is not None:
+                # A daemon outlives the process: the record naming it is durable first.
+                await self._put_started(record)
+                await self._start_mps(record)
                 await self._write_spec(record)
             else:
                 # PrepareStarted and the CDI spec may land in either order: a spec without a
@@ -282,10 +300,12 @@ class ClaimPreparer:
             # found, not made again) and plan the spec with them.
             claim = await self._claims.read(ref, deadline=deadline)
             record = await self._make_partitions(record, claim)
+            await self._start_mps(record)
             await self._write_spec(record)
         else:
             # A PrepareStarted record (a crash or failure mid-way) is finished from its stored
             # plan, so the answer stays the same whatever the inventory says now.
+            await self._start_mps(record)
             await self._write_spec(record)
         record = record.completed()
         await self._checkpoints.put(record)
@@ -360,7 +380,15 @@ class ClaimPreparer:
             backend=self._backend,
             partitions=made,
             metadata_root=self._metadata_root,
+            mps_root=self._mps_root,
         )
+
+    async def _start_mps(self, record: PreparedClaim) -> None:
+        """Start (or adopt) the claim's MPS daemon, after the record naming it is stored."""
+        if record.mps is None or self._mps is None:
+            return
+        await self._mps.ensure(record.uid, record.mps)
+        self._crash_point("mps-started")
 
     async def _put_started(self, record: PreparedClaim, *, durable: bool = True) -> None:
         await self._checkpoints.put(record, durable=durable)
@@ -435,6 +463,8 @@ class ClaimPreparer:
                             f"unprepare claim {ref.uid}: removing device metadata: {exc}",
                             claim_uid=ref.uid,
                         ) from exc
+                if self._mps is not None:
+                    await self._mps.stop(ref.uid)
                 if record is not None and record.partitions and self._partitions is not None:
                     await self._partitions.delete_claim(ref.uid)
                 await self._checkpoints.delete(ref.uid)
@@ -471,6 +501,7 @@ class ClaimPreparer:
             for uid in metadata.claim_uids() if metadata is not None else ():
                 if self._checkpoints.get(uid) is None:
                     await self._remove_orphan_metadata(uid)
+            await self._recover_mps()
             await self._remove_orphan_partitions()
 
     async def _remove_orphan_spec(self, uid: str) -> None:
@@ -490,6 +521,32 @@ class ClaimPreparer:
             return
         await self._metadata.remove(uid)
         log.warning("device_metadata_orphan_removed", claim_uid=uid)
+
+    async def _recover_mps(self) -> None:
+        """The daemon of every completed claim runs (a daemon that outlived the agent is
+        adopted, one that died with it is started again); a daemon no record names (its
+        record quarantined) is stopped. A claim left PrepareStarted gets its daemon from the
+        kubelet's retry. A daemon that cannot be started fails no start: its claim's next
+        prepare says why."""
+        if self._mps is None:
+            return
+        for record in self._checkpoints.records():
+            if record.mps is None or record.state is not ClaimState.PREPARE_COMPLETED:
+                continue
+            try:
+                if await self._mps.ensure(record.uid, record.mps):
+                    log.warning("mps_daemon_restarted", claim_uid=record.uid)
+            except ClaimError as exc:
+                log.error("mps_daemon_not_recovered", claim_uid=record.uid, error=str(exc))
+        if self._checkpoints.lost_at_start:
+            return
+        for uid in self._mps.claim_uids():
+            if self._checkpoints.get(uid) is None:
+                try:
+                    await self._mps.stop(uid)
+                    log.warning("mps_daemon_orphan_stopped", claim_uid=uid)
+                except ClaimError as exc:
+                    log.error("mps_daemon_orphan_kept", claim_uid=uid, error=str(exc))
 
     async def _remove_orphan_partitions(self) -> None:
         """Partitions of claims without a record: made before a record was quarantined. Kept

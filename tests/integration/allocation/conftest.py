@@ -103,7 +103,12 @@ class PluginNode:
                 await kubelet.close()
 
     def process(
-        self, *, crash_at: str = "", rolling_update_uid: str = "", name: str = "allocation"
+        self,
+        *,
+        crash_at: str = "",
+        rolling_update_uid: str = "",
+        name: str = "allocation",
+        extra_args: Sequence[str] = (),
     ) -> ChildProcess:
         """The agent as a real process (`python -m services.allocation`) with this node's flags.
 
@@ -124,6 +129,7 @@ class PluginNode:
         ]
         if rolling_update_uid:
             argv += ["--rolling-update-uid", rolling_update_uid]
+        argv += extra_args
         env = {k: v for k, v in os.environ.items() if k != CRASH_AT_ENV}
         if crash_at:
             env[CRASH_AT_ENV] = crash_at

@@ -24,9 +24,12 @@ from services.devcluster.processes import ChildProcess
 pytestmark = pytest.mark.integration
 
 DRIVER = "sim.dra-suite.io"
-# `partition-created` is only reached by claims that ask for partitions: its own case below.
+# `partition-created` is only reached by claims that ask for partitions: its own case below;
+# `mps-started` by claims that share a GPU (test_mps_crash.py).
 PREPARE_STEPS = [
-    step for step in CRASH_STEPS if not step.startswith("unprepare") and "partition" not in step
+    step
+    for step in CRASH_STEPS
+    if not step.startswith("unprepare") and "partition" not in step and step != "mps-started"
 ]
 PARTITION_CONFIG = {
     "apiVersion": f"{DRIVER}/v1alpha1",
