@@ -1,13 +1,14 @@
 """Consumable capacity (DRAConsumableCapacity) as kube-scheduler's allocator applies it (pure).
 
-A request's `capacity.requests` name capacities of the device (a name without a domain is in
-the device driver's). A device lacking one does not match. Every capacity of the device is
-consumed by an allocation: the requested amount rounded by the capacity's `requestPolicy`
-(`validRange`: at least `min`, up in `step`s from `min`; else `validValues`: the smallest value
-not below it), or, when not requested, the policy's `default` or else the whole capacity. The
-amount must keep to the policy (inside the range, one of the values) and, added to what other
-allocations of a shared (`allowMultipleAllocations`) device already consume, stay within the
-capacity's value.
+A request's `capacity.requests` name capacities of the device exactly as its slice publishes
+them: kube-scheduler looks the names up as written, so `memory` and `<driver>/memory` are two
+different names (checked against the real scheduler). A device lacking one does not match.
+Every capacity of the device is consumed by an allocation: the requested amount rounded by the
+capacity's `requestPolicy` (`validRange`: at least `min`, up in `step`s from `min`; else
+`validValues`: the smallest value not below it), or, when not requested, the policy's
+`default` or else the whole capacity. The amount must keep to the policy (inside the range, one
+of the values) and, added to what other allocations of a shared (`allowMultipleAllocations`)
+device already consume, stay within the capacity's value.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Mapping
 from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
-from services.allocator.device import Device, qualify
+from services.allocator.device import Device
 from services.allocator.errors import ClaimError
 from shared import quantity
 
@@ -41,9 +42,10 @@ def requested(option: Mapping[str, Any], *, request: str) -> dict[str, Decimal]:
 def consumption(device: Device, wanted: Mapping[str, Decimal]) -> Consumption | str:
     """What one allocation of `device` takes of each of its capacities, or why it cannot."""
     resolved = {}
+    published = {as_published: q for q, as_published in device.capacity_names.items()}
     for name, amount in wanted.items():
-        qualified = qualify(name, device.driver)
-        if qualified not in device.capacity:
+        qualified = published.get(name)
+        if qualified is None:
             return f"has no capacity {name}"
         if qualified in resolved:
             return f"capacity {name} requested twice"

@@ -63,7 +63,10 @@ def test_extended_resources_become_one_claim_with_a_request_per_container_resour
 @pytest.mark.parametrize(
     ("documents", "error"),
     [
-        ([{"kind": "ConfigMap", "metadata": {"name": "x"}}], "kind 'ConfigMap' is not"),
+        (
+            [{"kind": "ConfigMap", "metadata": {"name": "x"}}],
+            r"no ResourceClaim, ResourceClaimTemplate or Pod to explain \(found ConfigMap/x\)",
+        ),
         (["text"], "not a Kubernetes object"),
         ([NPU_CLASS], "no ResourceClaim, ResourceClaimTemplate or Pod"),
         ([{"kind": "ResourceClaim", "metadata": {}}], "without metadata.name"),
