@@ -55,7 +55,10 @@ def test_kustomization_lists_only_existing_files_and_every_file_beside_it(
     kustomization: Path,
 ) -> None:
     (spec,) = _docs(kustomization)
-    listed = [*spec.get("resources", []), *(p["path"] for p in spec.get("patches", []))]
+    listed = [
+        *spec.get("resources", []),
+        *(p["path"] for p in spec.get("patches", []) if "path" in p),  # not the inline ones
+    ]
     for entry in listed:
         target = kustomization.parent / entry
         assert target.is_file() or (target / "kustomization.yaml").is_file(), entry
@@ -200,15 +203,17 @@ def test_example_pods_use_claims_the_examples_define() -> None:
 async def test_api_emulator_accepts_device_classes_and_example_claims(
     kube: APIServerEmulator,
 ) -> None:
+    # The namespaces first, as in a cluster: "default", and those the examples bring (the
+    # admin-access example's is labelled for it; the API server checks that label).
+    kube.create_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}})
+    for namespace in _of_kind(_example_docs(), "Namespace"):
+        kube.create_object(namespace)
     objects = [d for overlay in OVERLAYS for d in _of_kind(_overlay_docs(overlay), "DeviceClass")]
     objects += [d for d in _example_docs() if d["apiVersion"].startswith("resource.k8s.io/")]
     for obj in objects:
         namespaced = obj["kind"] != "DeviceClass"
-        body = {
-            **obj,
-            "metadata": {**obj["metadata"], **({"namespace": "default"} if namespaced else {})},
-        }
-        kube.create_object(body)
+        namespace = {"namespace": obj["metadata"].get("namespace", "default")} if namespaced else {}
+        kube.create_object({**obj, "metadata": {**obj["metadata"], **namespace}})
 
 
 # --- rendered overlays (kubectl kustomize) ------------------------------------------------
