@@ -4,7 +4,12 @@ A real nats-server with auth callout (sealed with an xkey), dra-nats-auth in-pro
 the API emulator, and a health agent's projected-style token: each connect runs the whole
 path (CONNECT, the server's sealed request, TokenReview over HTTP, the signed user JWT). The
 same connect to an open server is the baseline. The burst is a reconnect storm: `BURST`
-agents connecting at once, until the last one is in. Run alone: `python -m bench.nats_auth`.
+agents connecting at once, until the last one is in. The flood is an attack: `JUNK` clients
+with junk tokens connecting from a process of their own while agents connect one after the
+other, each with a token never seen before (so each costs a real TokenReview);
+`nats_connect_auth_flood_success_ratio` is the share of those connects that got in, and their
+p99 is set against the same fresh-token connects without the flood.
+Run alone: `python -m bench.nats_auth`.
 """
 
 from __future__ import annotations
@@ -23,8 +28,10 @@ from typing import Any
 import aiohttp
 import nats
 import nats.aio.client
+import nats.errors
 import nkeys  # type: ignore[import-untyped]  # ships no type hints
 
+from bench.junk_connects import FloodProcess
 from bench.stats import percentile
 from services.devcluster.apiserver import APIServerEmulator, ClusterConfig
 from services.devcluster.natsauth import AuthCallout, ServerAuth
@@ -42,6 +49,7 @@ __all__ = ["NATSAuthFigures", "measure_nats_auth"]
 
 _NS, _NODE, _ACCOUNT = "dra-suite", "node-a", "dra-health"
 BURST = 200
+JUNK = 1500
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +59,12 @@ class NATSAuthFigures:
     burst_s: float
     burst_refused: int
     """Clients of the burst refused (the server's auth timeout passed); agents retry them."""
+    fresh_ms: list[float]
+    """Connects with a new token each, no flood: the baseline of the flood's figures."""
+    flood_ms: list[float]
+    """Connects that got in while the junk flood ran, a new token each."""
+    flood_failed: int
+    junk_refused: int
 
     def as_results(self) -> dict[str, Any]:
         return {
@@ -61,6 +75,14 @@ class NATSAuthFigures:
             "nats_connect_open_p99_ms": round(percentile(self.open_ms, 99), 3),
             f"nats_connect_auth_burst_{BURST}_s": round(self.burst_s, 3),
             f"nats_connect_auth_burst_{BURST}_refused": self.burst_refused,
+            "nats_connect_auth_fresh_p99_ms": round(percentile(self.fresh_ms, 99), 3),
+            "nats_connect_auth_flood_p99_ms": round(percentile(self.flood_ms, 99), 3),
+            "nats_connect_auth_flood_success_ratio": round(
+                len(self.flood_ms) / max(1, len(self.flood_ms) + self.flood_failed), 4
+            ),
+            "nats_connect_auth_flood_samples": len(self.flood_ms) + self.flood_failed,
+            "nats_connect_auth_flood_junk": JUNK,
+            "nats_connect_auth_flood_junk_refused": self.junk_refused,
         }
 
 
@@ -136,6 +158,40 @@ async def _burst(settings: NATSSettings) -> tuple[float, int]:
     return took, BURST - len(clients)
 
 
+async def _connect_once(settings: NATSSettings) -> float | None:
+    """Milliseconds to connect with `settings`' token, or None when refused or timed out."""
+    inbox = Names(settings.namespace).inbox_prefix("health", _NODE)
+    started = time.perf_counter()
+    try:
+        nc = await nats.connect(
+            settings.url, inbox_prefix=inbox, allow_reconnect=False, connect_timeout=5,
+            max_reconnect_attempts=0, **auth.connect_options(settings),
+        )  # fmt: skip
+    except (nats.errors.Error, OSError):
+        return None
+    took = (time.perf_counter() - started) * 1000
+    await nc.close()
+    return took
+
+
+async def _fresh_connects(
+    tokens: list[str], url: str, workdir: Path, *, until: asyncio.Task[Any] | None
+) -> tuple[list[float], int]:
+    """Connects with a new token each, all of `tokens` or (with `until`) as long as it runs."""
+    samples: list[float] = []
+    failed = 0
+    for index, token in enumerate(tokens):
+        if until is not None and until.done():
+            break
+        path = _secret(workdir / f"fresh-{index}", token)
+        took = await _connect_once(NATSSettings(url=url, token_file=path))
+        if took is None:
+            failed += 1
+        else:
+            samples.append(took)
+    return samples, failed
+
+
 async def measure_nats_auth(*, workdir: Path, connects: int = 200) -> NATSAuthFigures:
     _make_dir(workdir)
     issuer_seed, xkey_seed = new_signing_seed(nkeys.PREFIX_BYTE_ACCOUNT), new_xkey_seed()
@@ -170,12 +226,24 @@ async def measure_nats_auth(*, workdir: Path, connects: int = 200) -> NATSAuthFi
                 auth_ms = await _connects(agent, count=connects)
                 burst_s, burst_refused = await _burst(agent)
                 open_ms = await _connects(NATSSettings(url=plain.url), count=connects)
+                tokens = [await _token(kube) for _ in range(connects * 4)]
+                fresh_ms, _ = await _fresh_connects(
+                    tokens[:connects], secured.url, workdir, until=None
+                )
+                attack = await FloodProcess.start(secured.url, JUNK, kid=kube.cluster.tokens.key_id)
+                junk = asyncio.create_task(attack.result())
+                flood_ms, flood_failed = await _fresh_connects(
+                    tokens[connects:], secured.url, workdir, until=junk
+                )
+                junk_refused = (await junk).refused
             finally:
                 stop.set()
                 await asyncio.wait_for(task, 10)
     return NATSAuthFigures(
-        auth_ms=auth_ms, open_ms=open_ms, burst_s=burst_s, burst_refused=burst_refused
-    )
+        auth_ms=auth_ms, open_ms=open_ms, burst_s=burst_s, burst_refused=burst_refused,
+        fresh_ms=fresh_ms, flood_ms=flood_ms, flood_failed=flood_failed,
+        junk_refused=junk_refused,
+    )  # fmt: skip
 
 
 def main() -> None:

@@ -2,10 +2,11 @@
 
 Tasks: bus-connector, callout-responder (answers `$SYS.REQ.USER.AUTH`, opening sealed
 requests and sealing answers when an xkey is configured) and stream-provisioner (makes every
-stream of the app account through its own callout, `provisioner`). Requests are answered
-concurrently (at most `MAX_IN_FLIGHT`): after a NATS restart every agent reconnects at once,
-and one slow TokenReview must not hold the others past nats-server's callout timeout. No
-decision logic lives here.
+stream of the app account through its own callout, `provisioner`). The replicas subscribe in
+one queue group, so each request goes to one of them: every connect is reviewed once, and a
+second replica adds capacity. Requests are answered concurrently (at most `MAX_IN_FLIGHT`):
+after a NATS restart every agent reconnects at once, and one slow TokenReview must not hold
+the others past nats-server's callout timeout. No decision logic lives here.
 """
 
 from __future__ import annotations
@@ -17,10 +18,15 @@ import structlog
 from nats.aio.msg import Msg
 
 from services.natsauth import instruments, keys
+from services.natsauth.apifetch import KubeFetch
 from services.natsauth.authorizer import Authorizer, Decision
 from services.natsauth.config import AuthServiceConfig
 from services.natsauth.identity import Policy
+from services.natsauth.keyset import IssuerKeys
+from services.natsauth.localcheck import LocalCheck
 from services.natsauth.provisioner import Provisioner
+from services.natsauth.ratelimit import SourceLimiter
+from services.natsauth.reviewcache import ReviewCache
 from services.natsauth.tokenreview import KubeTokenReviewer, TokenReviewer
 from shared import opsserver
 from shared.bus.connection import Bus
@@ -28,10 +34,11 @@ from shared.errors import BusUnavailableError
 from shared.kube.client import KubeClient
 from shared.supervisor import eternal
 
-__all__ = ["AUTH_SUBJECT", "AuthService"]
+__all__ = ["AUTH_QUEUE", "AUTH_SUBJECT", "AuthService"]
 
 log = structlog.get_logger(__name__)
 AUTH_SUBJECT = "$SYS.REQ.USER.AUTH"
+AUTH_QUEUE = "dra-nats-auth"
 MAX_IN_FLIGHT = 64
 _SERVER_XKEY_HEADER = "Nats-Server-Xkey"
 
@@ -47,28 +54,33 @@ class AuthService:
         self._reviewer = reviewer
         self._xkey = config.xkey()
         self.authorizer: Authorizer
+        self.keys: IssuerKeys
         self.subscribed = asyncio.Event()
         self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
         self._in_flight: set[asyncio.Task[None]] = set()
 
     async def open(self, resources: contextlib.AsyncExitStack) -> None:
-        reviewer = self._reviewer
-        if reviewer is None:
-            kube = await KubeClient.connect(self.config.kube)
-            resources.push_async_callback(kube.close)
-            reviewer = KubeTokenReviewer(kube)
+        kube = await KubeClient.connect(self.config.kube)
+        resources.push_async_callback(kube.close)
+        reviewer = self._reviewer or KubeTokenReviewer(kube)
+        self.keys = IssuerKeys(KubeFetch(kube))
         # Closed in reverse: the bus drains (answers in flight still go out), then what is
         # left is cancelled, then the kube client closes under no review.
         resources.push_async_callback(self._cancel_in_flight)
         resources.push_async_callback(self.bus.close)
         config = self.config
+        policy = Policy(
+            agent_namespace=config.agent_namespace,
+            operator_users=frozenset(config.operator_users),
+            operator_groups=frozenset(config.operator_groups),
+        )
         self.authorizer = Authorizer(
             reviewer=reviewer,
-            policy=Policy(
-                agent_namespace=config.agent_namespace,
-                operator_users=frozenset(config.operator_users),
-                operator_groups=frozenset(config.operator_groups),
-            ),
+            policy=policy,
+            local=LocalCheck(self.keys, audience=config.audience, policy=policy),
+            cache=ReviewCache(max_entries=config.review_cache_size, ttl_s=config.review_cache_s),
+            limiter=SourceLimiter(rate_per_s=config.reviews_per_source, burst=config.review_burst),
+            max_session_s=config.max_session_s,
             drivers=config.driver_name,
             names=self.bus.names,
             account=config.target_account,
@@ -100,7 +112,7 @@ class AuthService:
             await self.bus.connected.wait()
             try:
                 # nats-py subscribes again by itself after a reconnect: once is enough.
-                await self.bus.subscribe(AUTH_SUBJECT, self.handle)
+                await self.bus.subscribe(AUTH_SUBJECT, self.handle, queue=AUTH_QUEUE)
             except BusUnavailableError:
                 await asyncio.sleep(0.5)
                 continue

@@ -1,30 +1,40 @@
 """One authorization: the server's request in, the signed response out, never an exception.
 
-Order: open and check the request, review the token (audience-bound), map the identity, derive
-its permissions, and admit it until the token expires (so an expired token drops the
-connection and the client reconnects with its rotated token). Every refusal carries a reason
-label for metrics and a detail for the log; neither holds the token.
+Order, cheapest first, so that a flood of junk costs the API server nothing: open and check
+the request (one the server has already given up on, past its `exp`, is dropped unanswered),
+check the token locally (`localcheck`: signature against the issuer's JWKS, audience, expiry,
+node binding), refuse a revoked node, then the TokenReview (from the bounded cache when the
+same token was reviewed lately, else rate-limited per client address), whose `audiences` must
+name ours; map the identity, derive its permissions, and admit it until the earlier of the
+token's expiry and the session cap, so every session ends and is reviewed again at the next
+connect. Every refusal carries a reason label for metrics and a detail for the log; neither
+holds the token.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
-import jwt
 import structlog
 
 from services.natsauth import callout, identity, permissions, provisioner
 from services.natsauth.identity import Identity, Policy, Refusal
 from services.natsauth.keys import SigningKey
+from services.natsauth.localcheck import LocalCheck, TokenClaims
+from services.natsauth.ratelimit import SourceLimiter
+from services.natsauth.reviewcache import ReviewCache
 from services.natsauth.tokenreview import TokenReviewer
 from shared.bus.subjects import Names
 from shared.errors import DraSuiteError
 
-__all__ = ["Authorizer", "Decision"]
+__all__ = ["DEFAULT_MAX_SESSION_S", "Authorizer", "Decision"]
 
 log = structlog.get_logger(__name__)
+DEFAULT_MAX_SESSION_S = 3600
+_REFUSAL_LOGS_PER_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,17 +45,7 @@ class Decision:
     role: str = ""
     node: str = ""
     response: str = ""
-    """The signed authorization response JWT; empty when the request itself was unreadable."""
-
-
-def _token_expiry(token: str) -> int | None:
-    """The `exp` of a token the API server has just vouched for (so its claims hold)."""
-    try:
-        claims = jwt.decode(token, options={"verify_signature": False})
-    except jwt.InvalidTokenError:
-        return None
-    exp = claims.get("exp")
-    return exp if isinstance(exp, int) else None
+    """The signed authorization response JWT; empty when there is nobody to answer."""
 
 
 class Authorizer:
@@ -59,10 +59,16 @@ class Authorizer:
         account: str,
         audience: str,
         issuer: SigningKey,
+        local: LocalCheck,
         clock: Callable[[], float] = time.time,
         provisioner: Callable[[str], bool] = lambda token: False,
+        cache: ReviewCache | None = None,
+        limiter: SourceLimiter | None = None,
+        max_session_s: int = DEFAULT_MAX_SESSION_S,
+        revoked: Callable[[str], bool] = lambda node: False,
     ) -> None:
-        """`provisioner` tells this process's own provisioning token (`provisioner`)."""
+        """`provisioner` tells this process's own provisioning token (`provisioner`);
+        `revoked` tells a node whose bus identity an operator has cut."""
         self._reviewer = reviewer
         self._policy = policy
         self._drivers = tuple(drivers)
@@ -72,6 +78,12 @@ class Authorizer:
         self._issuer = issuer
         self._clock = clock
         self._provisioner = provisioner
+        self._local = local
+        self._cache = cache if cache is not None else ReviewCache(max_entries=0, ttl_s=0)
+        self._limiter = limiter if limiter is not None else SourceLimiter(rate_per_s=0, burst=0)
+        self._max_session_s = max_session_s
+        self._revoked = revoked
+        self._log_budget = SourceLimiter(rate_per_s=_REFUSAL_LOGS_PER_S, burst=20)
 
     async def authorize(self, request_jwt: str) -> Decision:
         try:
@@ -80,17 +92,18 @@ class Authorizer:
             log.warning("nats_auth_request_invalid", error=str(exc))
             return Decision(allowed=False, reason="bad_request")
         now = self._clock()
+        if request.expires_at is not None and request.expires_at <= now:
+            log.info("nats_auth_request_expired", client=request.client_name)
+            return Decision(allowed=False, reason="request_expired")
         found: Identity
         if request.token and self._provisioner(request.token):
             found = Identity(role=permissions.PROVISIONER)
-            expires_at: int | None = int(now) + provisioner.LEASE_S
+            expires_at = int(now) + provisioner.LEASE_S
         else:
-            reviewed = await self._identify(request.token)
+            reviewed = await self._identify(request, now=now)
             if isinstance(reviewed, Refusal):
                 return self._refuse(request, reviewed, now=now)
-            found, expires_at = reviewed, _token_expiry(request.token)
-        if expires_at is None or expires_at <= now:
-            return self._refuse(request, Refusal("token_expiry", "token without expiry"), now=now)
+            found, expires_at = reviewed
         grants = permissions.for_identity(found, drivers=self._drivers, names=self._names)
         name = f"{found.role}/{found.node}" if found.node else f"{found.role}/{found.username}"
         response = callout.user_response(
@@ -103,20 +116,56 @@ class Authorizer:
         )  # fmt: skip
         return Decision(True, "allowed", found.role, found.node, response)
 
-    async def _identify(self, token: str) -> Identity | Refusal:
+    async def _identify(
+        self, request: callout.AuthRequest, *, now: float
+    ) -> tuple[Identity, int] | Refusal:
+        token = request.token
         if not token:
             return Refusal("no_token", "the client sent no token")
+        claims = await self._local.check(token, now=now)
+        if isinstance(claims, Refusal):
+            return claims
+        if claims.node and self._revoked(claims.node):
+            return Refusal("node_revoked", f"node {claims.node!r} is revoked")
+        status = await self._review(token, claims, request.client_host, now=now)
+        if isinstance(status, Refusal):
+            return status
+        found = identity.identify(status, self._policy)
+        if isinstance(found, Refusal):
+            return found
+        if found.node != claims.node and found.role != "operator":
+            return Refusal("node_mismatch", f"reviewed node {found.node!r} is not the token's")
+        return found, min(claims.expires_at, int(now) + self._max_session_s)
+
+    async def _review(
+        self, token: str, claims: TokenClaims, source: str, *, now: float
+    ) -> Mapping[str, Any] | Refusal:
+        cached = self._cache.get(token, now=now)
+        if cached is not None:
+            return cached
+        if not self._limiter.allow(source, now=now):
+            return Refusal("rate_limited", f"too many reviews for {source}")
         try:
             status = await self._reviewer.review(token, audience=self._audience)
         except DraSuiteError as exc:
             return Refusal("review_failed", f"token review failed: {exc}")
-        return identity.identify(status, self._policy)
+        if status.get("authenticated") is True:
+            audiences = status.get("audiences")
+            if not isinstance(audiences, list) or self._audience not in audiences:
+                return Refusal(
+                    "review_audience", f"the review vouches for {audiences!r}, not our audience"
+                )
+            self._cache.put(token, status, node=claims.node, expires_at=claims.expires_at, now=now)
+        return status
 
     def _refuse(self, request: callout.AuthRequest, refusal: Refusal, *, now: float) -> Decision:
-        log.warning(
-            "nats_client_refused", reason=refusal.reason, detail=refusal.detail,
-            client=request.client_name, host=request.client_host, security=True,
-        )  # fmt: skip
+        # Every refusal is counted (`dra_nats_auth_decisions_total`); the log gets a few per
+        # second and reason, so a junk flood does not turn into a flood of log lines.
+        if self._log_budget.allow(refusal.reason, now=now):
+            log.warning(
+                "nats_client_refused", reason=refusal.reason, detail=refusal.detail,
+                client=request.client_name, host=request.client_host, security=True,
+            )  # fmt: skip
         response = callout.error_response(
             request, f"not authorized: {refusal.reason}", issuer=self._issuer, now=now
         )

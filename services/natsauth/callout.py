@@ -36,6 +36,8 @@ class AuthRequest:
     """What the client sent as `auth_token` (our agents: their ServiceAccount token)."""
     client_name: str
     client_host: str
+    expires_at: int | None = None
+    """The request's own `exp`: after it the server has given up on our answer."""
 
 
 def _text(value: Any, what: str) -> str:
@@ -70,6 +72,7 @@ def parse_request(token: str) -> AuthRequest:
         token=str(options.get("auth_token") or ""),
         client_name=str(options.get("name") or ""),
         client_host=str(client.get("host") or ""),
+        expires_at=exp if isinstance(exp := claims.get("exp"), int) else None,
     )
 
 

@@ -72,6 +72,31 @@ class AuthServiceConfig:
     )
     """A node agent is granted its node's subjects under each of these drivers."""
 
+    max_session_s: int = setting(
+        3600, flag="--max-session-s", help="Longest a NATS session lasts before a new review."
+    )
+    """A user JWT expires at the earlier of its token's expiry and this many seconds."""
+
+    review_cache_s: float = setting(
+        60.0, flag="--review-cache-s", help="How long a TokenReview answer is reused (0: never)."
+    )
+    """A deleted pod or ServiceAccount is noticed at the first connect after this."""
+
+    review_cache_size: int = setting(
+        20_000, flag="--review-cache-size", help="Most TokenReview answers kept."
+    )
+    """About 4 per node (3 agents and a spare) at 5,000 nodes."""
+
+    reviews_per_source: float = setting(
+        20.0, flag="--reviews-per-source", help="TokenReviews per second one address may cost."
+    )
+    """Refill rate of a source's bucket; 0 turns the limit off."""
+
+    review_burst: float = setting(
+        100.0, flag="--review-burst", help="TokenReviews one client address may cost at once."
+    )
+    """A node's three agents reconnecting together, many times over."""
+
     def __post_init__(self) -> None:
         if not self.issuer_seed_file:
             raise ConfigError("--issuer-seed-file is required", field="issuer_seed_file")
@@ -87,6 +112,14 @@ class AuthServiceConfig:
             )
         if not _DNS_SUBDOMAIN.match(self.agent_namespace):
             raise ConfigError("--agent-namespace is not a namespace name", field="agent_namespace")
+        if self.max_session_s < 60:
+            raise ConfigError("--max-session-s must be at least 60", field="max_session_s")
+        if self.review_cache_s < 0 or self.review_cache_size < 0:
+            raise ConfigError("the review cache's size and time must not be negative",
+                              field="review_cache_s")  # fmt: skip
+        if self.reviews_per_source < 0 or self.review_burst < 1:
+            raise ConfigError("--reviews-per-source >= 0 and --review-burst >= 1",
+                              field="reviews_per_source")  # fmt: skip
         if not self.driver_name:
             raise ConfigError("--driver-name needs at least one driver", field="driver_name")
         for driver in self.driver_name:

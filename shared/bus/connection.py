@@ -402,10 +402,13 @@ class Bus:
         except _UNAVAILABLE as exc:
             raise BusUnavailableError(f"request {subject}: {exc}", subject=subject) from exc
 
-    async def subscribe(self, subject: str, handler: MessageHandler) -> Subscription:
-        """Core subscription for requests (control subjects). A message that JetStream sent
-        (a consumer delivery or a direct-get answer redirected here through someone's reply
-        subject, which nats-server does not police) never reaches `handler`."""
+    async def subscribe(
+        self, subject: str, handler: MessageHandler, *, queue: str = ""
+    ) -> Subscription:
+        """Core subscription for requests (control subjects), in queue group `queue` when
+        given. A message that JetStream sent (a consumer delivery or a direct-get answer
+        redirected here through someone's reply subject, which nats-server does not police)
+        never reaches `handler`."""
 
         async def guarded(msg: Msg) -> None:
             if _from_jetstream(msg):
@@ -417,7 +420,7 @@ class Bus:
             await handler(msg)
 
         try:
-            return await self.nc.subscribe(subject, cb=guarded)
+            return await self.nc.subscribe(subject, queue=queue, cb=guarded)
         except _UNAVAILABLE as exc:
             raise BusUnavailableError(f"subscribe {subject}: {exc}", subject=subject) from exc
 

@@ -48,8 +48,9 @@ def test_rbac_rules_name_no_wildcard() -> None:
     _assert_rbac_has_no_wildcard(d for _, d in OBJECTS)
 
 
-BUILTIN_ROLES = {"system:auth-delegator"}
-"""Kubernetes' own roles a binding may name: the auth service's TokenReviews."""
+BUILTIN_ROLES = {"system:auth-delegator", "system:service-account-issuer-discovery"}
+"""Kubernetes' own roles a binding may name: the auth service's TokenReviews and its reads of
+the token issuer's OIDC discovery and JWKS."""
 BUILTIN_ACCOUNTS = {"default"}
 """The account Kubernetes makes in every namespace: NATS and the collector run as it
 (components/openshift lets it use an SCC)."""

@@ -52,6 +52,7 @@ TARGETS = [
 ]
 TARGET_IDS = [f"{t}+components" if c else t for t, c in TARGETS]
 AGENTS = ("discovery", "allocation", "health")
+AUTH_SERVICE_ROLES = {"system:auth-delegator", "system:service-account-issuer-discovery"}
 NATS_ADMITTED = {"discovery", "allocation", "health", "nats-auth", "otel-collector"}
 """app.kubernetes.io/component of the pods that may reach NATS's client port."""
 Obj = dict[str, Any]
@@ -271,25 +272,27 @@ def test_the_auth_service_keeps_one_replica_through_disruptions_and_may_review_t
     assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
     assert 1 <= budget["spec"]["minAvailable"] < deployment["spec"]["replicas"]
     account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
-    (binding,) = [
-        b
+    subject = {
+        "kind": "ServiceAccount",
+        "name": account,
+        "namespace": deployment["metadata"]["namespace"],
+    }
+    bindings = {
+        b["roleRef"]["name"]: b
         for b in _of_kind(objects, "ClusterRoleBinding")
-        if b["roleRef"]["name"] == "system:auth-delegator"
-    ]
-    assert binding["subjects"] == [
-        {
-            "kind": "ServiceAccount",
-            "name": account,
-            "namespace": deployment["metadata"]["namespace"],
-        }
-    ]
-    # Nothing else is bound to that account: TokenReviews are all it may do.
+        if b["roleRef"]["name"] in AUTH_SERVICE_ROLES
+    }
+    assert set(bindings) == AUTH_SERVICE_ROLES
+    for binding in bindings.values():
+        assert binding["subjects"] == [subject]
+    # Nothing else is bound to that account: TokenReviews and the issuer's public keys are all
+    # it may ask for.
     bound = [
         b
         for b in _of_kind(objects, "ClusterRoleBinding") + _of_kind(objects, "RoleBinding")
         if any(s.get("name") == account for s in b["subjects"])
     ]
-    assert bound == [binding]
+    assert sorted(b["roleRef"]["name"] for b in bound) == sorted(AUTH_SERVICE_ROLES)
 
 
 @pytest.mark.skipif(
