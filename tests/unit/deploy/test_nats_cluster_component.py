@@ -116,7 +116,7 @@ def test_agents_get_every_server_and_three_replicas(overlay: str) -> None:
         assert config.nats.url.split(",") == urls
         assert config.nats.replicas == 3
     auth = _one(objects, "Deployment", "dra-nats-auth")
-    assert _env(auth)["NATS_URL"]["value"].split(",") == urls
+    assert _resolved_env(auth)["NATS_URL"].split(",") == urls
     # The client certificate covers every name the clients dial.
     names = _one(objects, "Certificate", "dra-suite-nats")["spec"]["dnsNames"]
     assert {u.split("//")[1].split(":")[0] for u in urls} <= set(names)
@@ -128,8 +128,8 @@ def test_agents_get_every_server_and_three_replicas(overlay: str) -> None:
 
 
 def test_without_the_component_agents_keep_one_replica() -> None:
-    for ds in _of_kind(render("overlays/sim"), "DaemonSet"):
-        assert "NATS_REPLICAS" not in _env(ds)
+    for ds in _of_kind(render("overlays/sim", ("components/device-plugin",)), "DaemonSet"):
+        assert _env(ds)["NATS_REPLICAS"]["value"] == "1"
 
 
 def test_only_nats_servers_reach_the_route_port() -> None:
