@@ -140,6 +140,14 @@ def _in_namespace(obj: dict[str, Any], namespace: str) -> dict[str, Any]:
     return {**obj, "metadata": {**obj["metadata"], "namespace": namespace}}
 
 
+def _make_namespaces(kube: APIServerEmulator) -> None:
+    """ "default" and the namespaces the examples bring, as in a cluster (the admin-access
+    example's is labelled for it; the API server checks that label)."""
+    kube.create_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}})
+    for namespace in (d for d in _example_objects() if d["kind"] == "Namespace"):
+        kube.create_object(namespace)
+
+
 def _requests(obj: dict[str, Any]) -> list[dict[str, Any]]:
     spec = obj["spec"]["spec"] if obj["kind"] == "ResourceClaimTemplate" else obj["spec"]
     return list(spec["devices"]["requests"])
@@ -174,6 +182,7 @@ def _examples() -> list[dict[str, Any]]:
 async def test_api_server_accepts_every_example_claim_and_drops_fields_whose_gate_is_off(
     kube: APIServerEmulator,
 ) -> None:
+    _make_namespaces(kube)
     for example in _examples():
         namespace = example["metadata"].get("namespace", "default")
         created = kube.create_object(_in_namespace(example, namespace))
@@ -198,8 +207,10 @@ async def test_examples_for_older_versions_lose_nothing_that_changes_what_they_g
         if d["kind"] in ("ResourceClaim", "ResourceClaimTemplate")
     ]
     assert root
+    _make_namespaces(kube)
     for example in root:
-        created = kube.create_object(_in_namespace(example, "default"))
+        namespace = example["metadata"].get("namespace", "default")
+        created = kube.create_object(_in_namespace(example, namespace))
         dropped = {
             field
             for _, field, _ in GATED_FIELDS

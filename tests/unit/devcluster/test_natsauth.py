@@ -55,7 +55,7 @@ def test_without_auth_the_server_keeps_its_plain_url(tmp_path):
 def test_auth_callout_renders_config_mode_accounts_and_the_callout_block():
     callout = AuthCallout(issuer="AISSUER", auth_password="pw", xkey="XKEY")
     text = render_config(ServerAuth(callout=callout))
-    assert "DRA: { jetstream: enabled }" in text
+    assert "DRA: {\n    jetstream: { max_memory: 512MB, max_file: 1280MB" in text
     assert '{user: "dra-nats-auth", password: "pw"}' in text
     assert "system_account: SYS" in text
     assert 'issuer: "AISSUER"' in text
