@@ -25,6 +25,7 @@ from shared.config import (
     OpsSettings,
     TelemetrySettings,
     add_arguments,
+    add_version,
     env_name,
     from_args,
 )
@@ -51,6 +52,7 @@ def build_config(argv: Sequence[str], env: Mapping[str, str]) -> AllocationConfi
     parser = argparse.ArgumentParser(
         prog=SERVICE, description="dra-suite kubelet plugin: registration, DRA and health stream."
     )
+    add_version(parser)
     for cls in (*_GROUPS.values(), AllocationConfig):
         add_arguments(parser, cls)
     args = parser.parse_args(list(argv))

@@ -41,7 +41,7 @@ def test_a_bad_kubeconfig_exits_2_with_a_message(agent: str, kind: str, tmp_path
     assert "exc_type" not in output
 
 
-@pytest.mark.parametrize("agent", ["dra-discovery", "dra-health"])
+@pytest.mark.parametrize("agent", AGENTS)
 def test_an_agent_answers_version(agent: str):
     done = subprocess.run(
         [str(BIN / agent), "--version"], capture_output=True, text=True, timeout=30, check=False
