@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,10 @@ class PodClaims:
     """CDI device IDs per claim UID, from the plugin's answer."""
     error: str = ""
     """The last prepare error; empty once prepared."""
+    seen_at: float = 0.0
+    """`time.monotonic()` when the shim first saw the pod bound to its node."""
+    prepared_at: float = 0.0
+    """`time.monotonic()` when the plugin answered the pod's prepare without an error."""
 
 
 class KubeletShim:
@@ -137,7 +142,7 @@ class KubeletShim:
     async def _prepare(self, pod: dict[str, Any]) -> bool:
         """Prepare the pod's claims of our driver; False when it must be tried again."""
         key = _key(pod)
-        record = self.pods.setdefault(key, PodClaims())
+        record = self.pods.setdefault(key, PodClaims(seen_at=time.monotonic()))
         try:
             claims = await self._our_claims(pod)
         except _NotYet as exc:
@@ -158,7 +163,7 @@ class KubeletShim:
                 uid: [cdi for d in r.devices for cdi in d.cdi_device_ids]
                 for uid, r in answer.claims.items()
             }
-        record.claims, record.error = claims, ""
+        record.claims, record.error, record.prepared_at = claims, "", time.monotonic()
         for claim in claims:
             self._users.setdefault(claim.uid, set()).add(key)
         await self._post_running(pod)
