@@ -16,6 +16,7 @@ from pathlib import Path
 
 __all__ = [
     "APP_ACCOUNT_LIMITS",
+    "SYS_USER_PERMISSIONS",
     "AuthCallout",
     "JWTTrust",
     "ServerAuth",
@@ -58,7 +59,8 @@ class JWTTrust:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AuthCallout:
-    """Config-mode accounts `DRA` (JetStream), `AUTH` (the callout's own user) and `SYS`.
+    """Config-mode accounts `DRA` (JetStream), `AUTH` (the callout's own user) and `SYS`
+    (with `sys_password`, the auth service's second user, as `deploy/.../nats.yaml` has it).
 
     nats-server asks the auth service (user `auth_user` of account AUTH) about every other
     client; the service answers with a user JWT for `app_account`, signed by `issuer`.
@@ -71,6 +73,10 @@ class AuthCallout:
     """Public curve key (X...) of the auth service: requests are sealed to it."""
     auth_user: str = "dra-nats-auth"
     app_account: str = "DRA"
+    sys_password: str = ""
+    """Password of `sys_user` in SYS (connz and kick, to end a revoked node's connections);
+    empty: no SYS user, as before."""
+    sys_user: str = "dra-nats-auth-sys"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -132,8 +138,24 @@ def render_config(auth: ServerAuth) -> str:
     return "\n".join(lines) + "\n"
 
 
+SYS_USER_PERMISSIONS = (
+    'publish: { allow: ["$SYS.REQ.SERVER.*.CONNZ", "$SYS.REQ.SERVER.*.KICK"] }',
+    'subscribe: { allow: ["_INBOX.>"] }',
+)
+"""What the auth service's SYS user may do: list connections and kick one, nothing else."""
+
+
 def _callout_lines(callout: AuthCallout) -> list[str]:
     xkey = [f"    xkey: {_quote(callout.xkey)}"] if callout.xkey else []
+    auth_users = [callout.auth_user]
+    sys_users = "  SYS: {}"
+    if callout.sys_password:
+        auth_users.append(callout.sys_user)
+        sys_users = (
+            f"  SYS: {{ users: [{{user: {_quote(callout.sys_user)}, "
+            f"password: {_quote(callout.sys_password)}, "
+            f"permissions: {{ {', '.join(SYS_USER_PERMISSIONS)} }} }}] }}"
+        )
     return [
         "accounts {",
         f"  {callout.app_account}: {{",
@@ -142,13 +164,13 @@ def _callout_lines(callout: AuthCallout) -> list[str]:
         "  AUTH: { users: [",
         f"    {{user: {_quote(callout.auth_user)}, password: {_quote(callout.auth_password)}}}",
         "  ] }",
-        "  SYS: {}",
+        sys_users,
         "}",
         "system_account: SYS",
         "authorization {",
         "  auth_callout {",
         f"    issuer: {_quote(callout.issuer)}",
-        f"    auth_users: [{_quote(callout.auth_user)}]",
+        f"    auth_users: [{', '.join(_quote(user) for user in auth_users)}]",
         "    account: AUTH",
         *xkey,
         "  }",

@@ -1,8 +1,10 @@
 """The auth service's wiring: its own NATS user, the kube client, and the callout responder.
 
 Tasks: bus-connector, callout-responder (answers `$SYS.REQ.USER.AUTH`, opening sealed
-requests and sealing answers when an xkey is configured) and stream-provisioner (makes every
-stream of the app account through its own callout, `provisioner`). The replicas subscribe in
+requests and sealing answers when an xkey is configured, once the revocation list is read),
+stream-provisioner (makes every stream of the app account through its own callout,
+`provisioner`), revocation-watcher (`revoker`) and, with a SYS user, sys-bus-connector (the
+connection that kicks a revoked node's clients). The replicas subscribe in
 one queue group, so each request goes to one of them: every connect is reviewed once, and a
 second replica adds capacity. Requests are answered concurrently (at most `MAX_IN_FLIGHT`):
 after a NATS restart every agent reconnects at once, and one slow TokenReview must not hold
@@ -27,6 +29,9 @@ from services.natsauth.localcheck import LocalCheck
 from services.natsauth.provisioner import Provisioner
 from services.natsauth.ratelimit import SourceLimiter
 from services.natsauth.reviewcache import ReviewCache
+from services.natsauth.revocationstore import RevocationStore
+from services.natsauth.revoker import Revoker
+from services.natsauth.syskick import Kicker
 from services.natsauth.tokenreview import KubeTokenReviewer, TokenReviewer
 from shared import opsserver
 from shared.bus.connection import Bus
@@ -51,6 +56,9 @@ class AuthService:
         self.ready = asyncio.Event()
         self.bus = Bus(config.nats, name="dra-nats-auth")
         self.provisioner = Provisioner(config.nats)
+        sys_nats = config.sys_nats()
+        self.sys_bus = Bus(sys_nats, name="dra-nats-auth-sys") if sys_nats is not None else None
+        self.revoker: Revoker
         self._reviewer = reviewer
         self._xkey = config.xkey()
         self.authorizer: Authorizer
@@ -68,7 +76,18 @@ class AuthService:
         # left is cancelled, then the kube client closes under no review.
         resources.push_async_callback(self._cancel_in_flight)
         resources.push_async_callback(self.bus.close)
+        if self.sys_bus is not None:
+            resources.push_async_callback(self.sys_bus.close)
         config = self.config
+        cache = ReviewCache(max_entries=config.review_cache_size, ttl_s=config.review_cache_s)
+        store = RevocationStore(
+            kube, namespace=config.agent_namespace, name=config.revocations_configmap
+        )
+        kicker = Kicker(self.sys_bus, account=config.target_account) if self.sys_bus else None
+        self.revoker = Revoker(
+            read=store.read, kick=kicker.end_node if kicker else None,
+            forget=cache.drop_node, poll_s=config.revocation_poll_s,
+        )  # fmt: skip
         policy = Policy(
             agent_namespace=config.agent_namespace,
             operator_users=frozenset(config.operator_users),
@@ -78,7 +97,8 @@ class AuthService:
             reviewer=reviewer,
             policy=policy,
             local=LocalCheck(self.keys, audience=config.audience, policy=policy),
-            cache=ReviewCache(max_entries=config.review_cache_size, ttl_s=config.review_cache_s),
+            cache=cache,
+            revoked=self.revoker.revoked,
             limiter=SourceLimiter(rate_per_s=config.reviews_per_source, burst=config.review_burst),
             max_session_s=config.max_session_s,
             drivers=config.driver_name,
@@ -100,14 +120,19 @@ class AuthService:
         return None if self.provisioner.done.is_set() else "streams not provisioned"
 
     def spawn(self, tg: asyncio.TaskGroup) -> None:
-        for name, coro in {
+        tasks = {
             "bus-connector": self.bus.run(),
+            "revocation-watcher": self.revoker.run(),
             "callout-responder": self._respond_forever(),
             "stream-provisioner": self._provision_forever(),
-        }.items():
+        }
+        if self.sys_bus is not None:
+            tasks["sys-bus-connector"] = self.sys_bus.run()
+        for name, coro in tasks.items():
             tg.create_task(eternal(name, coro), name=name)
 
     async def _respond_forever(self) -> None:
+        await self.revoker.loaded.wait()  # not before it knows whom to refuse
         while True:
             await self.bus.connected.wait()
             try:

@@ -1,8 +1,9 @@
-"""`dra-nats-auth [serve|keygen]`: flags and env into a config, then the service or the keys.
+"""`dra-nats-auth [serve|keygen|migrate-store|revoke-node|…]`: flags and env, then the command.
 
 `serve` (the default) runs the auth callout service; `keygen` prints a new Secret
 (`dra-suite-nats-callout`) to stdout; `migrate-store` hands an open bus's JetStream data to the
-app account (run in the NATS pod, server stopped, when rolling to the secured bus). The only
+app account (run in the NATS pod, server stopped, when rolling to the secured bus);
+`revoke-node`, `unrevoke-node` and `revoked` edit the revocation list (`revokecli`). The only
 module of the service that reads `sys.argv` and `os.environ`.
 """
 
@@ -16,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from services.natsauth import migration, secrets
+from services.natsauth import migration, revokecli, secrets
 from services.natsauth.agent import AuthService
 from services.natsauth.config import AuthServiceConfig
 from shared import logging, metrics
@@ -77,8 +78,10 @@ def _migrate_store(argv: Sequence[str]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
-    commands = ("serve", "keygen", "migrate-store")
+    commands = ("serve", "keygen", "migrate-store", *revokecli.COMMANDS)
     command = args.pop(0) if args and args[0] in commands else "serve"
+    if command in revokecli.COMMANDS:
+        sys.exit(revokecli.run(command, args, os.environ))
     if command == "keygen":
         _keygen(args)
         return

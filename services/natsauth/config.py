@@ -7,6 +7,7 @@ opens the server's sealed requests and seals our answers. Invalid values raise C
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 
@@ -97,6 +98,28 @@ class AuthServiceConfig:
     )
     """A node's three agents reconnecting together, many times over."""
 
+    sys_user: str = setting(
+        "dra-nats-auth-sys", flag="--sys-user", help="NATS user of the SYS account (connz, kick)."
+    )
+    """With `sys_password_file`: how a revoked node's live connections are ended."""
+
+    sys_password_file: str = setting(
+        "", flag="--sys-password-file", help="Password file of --sys-user; empty: no kicks."
+    )
+    """Empty: a revoked node is refused at its next connect, but its sessions run out."""
+
+    revocations_configmap: str = setting(
+        "dra-nats-auth-revocations",
+        flag="--revocations-configmap",
+        help="ConfigMap (in --agent-namespace) listing revoked nodes.",
+    )
+    """Written by `dra-nats-auth revoke-node`; a missing ConfigMap revokes nobody."""
+
+    revocation_poll_s: float = setting(
+        2.0, flag="--revocation-poll-s", help="How often the revocation list is read."
+    )
+    """A revocation is in force at every replica within this, and live connections end."""
+
     def __post_init__(self) -> None:
         if not self.issuer_seed_file:
             raise ConfigError("--issuer-seed-file is required", field="issuer_seed_file")
@@ -120,6 +143,14 @@ class AuthServiceConfig:
         if self.reviews_per_source < 0 or self.review_burst < 1:
             raise ConfigError("--reviews-per-source >= 0 and --review-burst >= 1",
                               field="reviews_per_source")  # fmt: skip
+        if not _DNS_SUBDOMAIN.match(self.revocations_configmap):
+            raise ConfigError("--revocations-configmap is not a ConfigMap name",
+                              field="revocations_configmap")  # fmt: skip
+        if not 0.1 <= self.revocation_poll_s <= 60:
+            raise ConfigError("--revocation-poll-s must be within 0.1..60",
+                              field="revocation_poll_s")  # fmt: skip
+        if self.sys_password_file:
+            self.sys_nats()
         if not self.driver_name:
             raise ConfigError("--driver-name needs at least one driver", field="driver_name")
         for driver in self.driver_name:
@@ -136,6 +167,16 @@ class AuthServiceConfig:
                 f"issuer seed file {self.issuer_seed_file}: not an account seed (SA...): {exc}",
                 field="issuer_seed_file",
             ) from None
+
+    def sys_nats(self) -> NATSSettings | None:
+        """The SYS user's connection: the service's own server and TLS, another user."""
+        if not self.sys_password_file:
+            return None
+        auth.read_secret(self.sys_password_file, what="sys password file")
+        return dataclasses.replace(
+            self.nats, user=self.sys_user, password="", password_file=self.sys_password_file,
+            token="", token_file="", nkey_seed_file="", creds_file="",
+        )  # fmt: skip
 
     def xkey(self) -> XKey | None:
         if not self.xkey_seed_file:

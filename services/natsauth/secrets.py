@@ -2,8 +2,9 @@
 
 Keys of Secret `dra-suite-nats-callout`: `issuer.seed`/`issuer.pub` (account nkey that signs
 user JWTs; nats-server's `issuer` is the public half), `xkey.seed`/`xkey.pub` (curve key that
-seals the callout traffic), `auth-password` (the service's own NATS user). Pure, apart from
-the randomness.
+seals the callout traffic), `auth-password` (the service's own NATS user), `sys-password` (its
+SYS-account user, which may only list connections and kick them: how a revoked node's live
+connections end). Pure, apart from the randomness.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def material() -> dict[str, str]:
         "xkey.seed": xkey_seed,
         "xkey.pub": XKey.from_seed(xkey_seed).public,
         "auth-password": password(),
+        "sys-password": password(),
     }
 
 

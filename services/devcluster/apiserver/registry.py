@@ -86,6 +86,8 @@ def _all(config: ClusterConfig) -> list[ResourceType]:
                      field_labels=_EVENT_FIELDS),
         ResourceType("", "v1", "serviceaccounts", "ServiceAccount", True,
                      storage="serviceaccounts", has_spec=False),
+        ResourceType("", "v1", "configmaps", "ConfigMap", True, storage="configmaps",
+                     has_spec=False),
         ResourceType("events.k8s.io", "v1", "events", "Event", True, storage="events",
                      has_spec=False, field_labels=_EVENT_FIELDS),
         ResourceType(_R, "v1", "resourceslices", "ResourceSlice", False,

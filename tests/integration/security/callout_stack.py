@@ -163,9 +163,11 @@ async def callout_stack(
     issuer_seed = new_signing_seed(nkeys.PREFIX_BYTE_ACCOUNT)
     xkey_seed = new_xkey_seed()
     password = secrets.token_urlsafe(16)
+    sys_password = secrets.token_hex(16)
     callout = AuthCallout(
         issuer=SigningKey.from_seed(issuer_seed, nkeys.PREFIX_BYTE_ACCOUNT).public,
         auth_password=password,
+        sys_password="s" + sys_password,
         xkey=XKey.from_seed(xkey_seed).public if xkey else "",
     )
     server = NATSServerProcess(
@@ -185,6 +187,8 @@ async def callout_stack(
         ),
         issuer_seed_file=_write(directory / "issuer.seed", issuer_seed),
         xkey_seed_file=_write(directory / "xkey.seed", xkey_seed) if xkey else "",
+        sys_password_file=_write(directory / "sys-password", "s" + sys_password),
+        revocation_poll_s=0.5,
         operator_users=(f"system:serviceaccount:{NAMESPACE}:{OPERATOR}",),
         driver_name=(DRIVER,),
     )  # fmt: skip

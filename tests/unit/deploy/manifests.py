@@ -162,12 +162,19 @@ TOKEN_FILE = "/var/run/secrets/dra-suite/nats/token"
 CA_FILE = "/etc/dra-suite/nats-tls/ca.crt"
 TLS_SECRET = "dra-suite-nats-tls"
 CALLOUT_SECRET = "dra-suite-nats-callout"
-CALLOUT_KEYS = {"issuer.seed", "issuer.pub", "xkey.seed", "xkey.pub", "auth-password"}
+CALLOUT_KEYS = {
+    "issuer.seed",
+    "issuer.pub",
+    "xkey.seed",
+    "xkey.pub",
+    "auth-password",
+    "sys-password",
+}
 AUTH_SERVICE_ENV = {  # env twins of dra-nats-auth's flags (interfaces.md)
     *("NATS_URL", "NATS_USER", "NATS_PASSWORD_FILE", "NATS_TLS_CA_FILE", "NATS_NAMESPACE"),
     *("ISSUER_SEED_FILE", "XKEY_SEED_FILE", "AUDIENCE", "TARGET_ACCOUNT", "AGENT_NAMESPACE"),
     *("OPERATOR_USERS", "OPERATOR_GROUPS", "DRIVER_NAME", "OPS_PORT", "KUBECONFIG"),
-    *("LOG_LEVEL", "LOG_FORMAT"),
+    *("LOG_LEVEL", "LOG_FORMAT", "SYS_USER", "SYS_PASSWORD_FILE", "REVOCATIONS_CONFIGMAP"),
 }
 AGENT_SHUTDOWN_S = 10
 CEL_DRIVER = re.compile(r'device\.driver\s*==\s*"([^"]+)"')

@@ -205,6 +205,7 @@ def test_three_servers_on_the_rendered_config_form_a_cluster_a_stranger_cannot_j
     monkeypatch.setenv("NATS_CALLOUT_ISSUER", _issuer_public_key())
     monkeypatch.setenv("NATS_CALLOUT_XKEY", _public_curve_key())
     monkeypatch.setenv("NATS_CALLOUT_AUTH_PASSWORD", "auth-service-password")
+    monkeypatch.setenv("NATS_CALLOUT_SYS_PASSWORD", "sysPassword")
     client_ca, route_ca, stranger_ca = trustme.CA(), trustme.CA(), trustme.CA()
     tls = _write_pair(client_ca.issue_cert("localhost"), client_ca, tmp_path / "tls")
     route_tls = _write_pair(route_ca.issue_cert("localhost"), route_ca, tmp_path / "route-tls")

@@ -53,6 +53,7 @@ TARGETS = [
 TARGET_IDS = [f"{t}+components" if c else t for t, c in TARGETS]
 AGENTS = ("discovery", "allocation", "health")
 AUTH_SERVICE_ROLES = {"system:auth-delegator", "system:service-account-issuer-discovery"}
+REVOCATIONS_ROLE = "dra-suite-nats-auth-revocations"
 NATS_ADMITTED = {"discovery", "allocation", "health", "nats-auth", "otel-collector"}
 """app.kubernetes.io/component of the pods that may reach NATS's client port."""
 Obj = dict[str, Any]
@@ -126,7 +127,7 @@ def test_nats_runs_the_rendered_config_with_callout_and_tls(target, components):
     assert callout is not None
     assert dict(re.findall(r"(\w+): (.+)", callout[1])) == {
         "issuer": "$NATS_CALLOUT_ISSUER",
-        "auth_users": "[ dra-nats-auth ]",
+        "auth_users": "[ dra-nats-auth, dra-nats-auth-sys ]",
         "account": "AUTH",
         "xkey": "$NATS_CALLOUT_XKEY",
     }
@@ -134,17 +135,19 @@ def test_nats_runs_the_rendered_config_with_callout_and_tls(target, components):
     from_secret = {
         e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if "valueFrom" in e
     }
-    variables = set(re.findall(r"\$(\w+)", config))
+    variables = set(re.findall(r"(?<!\")\$(\w+)", config))  # quoted: subjects, not variables
     assert (
         variables
         == set(from_secret)
         == {*("NATS_CALLOUT_ISSUER", "NATS_CALLOUT_XKEY", "NATS_CALLOUT_AUTH_PASSWORD")}
+        | {"NATS_CALLOUT_SYS_PASSWORD"}
     )
     assert {ref["name"] for ref in from_secret.values()} == {CALLOUT_SECRET}
     assert {ref["key"] for ref in from_secret.values()} == {
         "issuer.pub",
         "xkey.pub",
         "auth-password",
+        "sys-password",
     }
     # TLS required: a tls block whose files are the TLS Secret's.
     tls = re.search(r"\ntls \{(.*?)\}", config, re.S)
@@ -229,6 +232,7 @@ def test_the_auth_service_runs_twice_unprivileged_with_its_secrets_as_files(targ
     assert _value(deployment, "DRIVER_NAME") == driver
     for variable, key in (
         ("NATS_PASSWORD_FILE", "auth-password"),
+        ("SYS_PASSWORD_FILE", "sys-password"),
         ("ISSUER_SEED_FILE", "issuer.seed"),
         ("XKEY_SEED_FILE", "xkey.seed"),
     ):
@@ -292,7 +296,14 @@ def test_the_auth_service_keeps_one_replica_through_disruptions_and_may_review_t
         for b in _of_kind(objects, "ClusterRoleBinding") + _of_kind(objects, "RoleBinding")
         if any(s.get("name") == account for s in b["subjects"])
     ]
-    assert sorted(b["roleRef"]["name"] for b in bound) == sorted(AUTH_SERVICE_ROLES)
+    assert sorted(b["roleRef"]["name"] for b in bound) == sorted(
+        {*AUTH_SERVICE_ROLES, REVOCATIONS_ROLE}
+    )
+    # ...and the revocation list, read-only, that ConfigMap only.
+    (rule,) = _one(objects, "Role", REVOCATIONS_ROLE)["rules"]
+    assert rule == {"apiGroups": [""], "resources": ["configmaps"],
+                    "resourceNames": [_value(deployment, "REVOCATIONS_CONFIGMAP")],
+                    "verbs": ["get"]}  # fmt: skip
 
 
 @pytest.mark.skipif(
@@ -429,6 +440,7 @@ def secured_server(tmp_path, monkeypatch):
     monkeypatch.setenv("NATS_CALLOUT_ISSUER", _issuer_public_key())
     monkeypatch.setenv("NATS_CALLOUT_XKEY", _public_curve_key())
     monkeypatch.setenv("NATS_CALLOUT_AUTH_PASSWORD", password)
+    monkeypatch.setenv("NATS_CALLOUT_SYS_PASSWORD", "sysPassword")
     server = NATSServerProcess(tmp_path / "store", extra_args=("--config", str(config)))
     server.start()
     try:
@@ -553,7 +565,10 @@ def test_operators_may_mint_the_operator_token_and_reach_the_nats_pod_and_nothin
         for resource in rule["resources"]
         for verb in rule["verbs"]
     }
+    revocations = (_value(auth, "REVOCATIONS_CONFIGMAP"),)
     assert granted == {
+        ("configmaps", "get", revocations),
+        ("configmaps", "patch", revocations),
         ("serviceaccounts/token", "create", ("dra-operator",)),
         ("pods", "get", (nats_pod,)),
         ("pods/portforward", "create", (nats_pod,)),
