@@ -6,11 +6,16 @@ only when an endpoint is configured (`--otlp-endpoint`, or the SDK's standard
 environment (TLS certificates, headers, compression, timeout, sampler, resource attributes,
 `OTEL_SDK_DISABLED`) is honoured as the SDK documents it. This module is the only one that
 touches propagation.
+
+Every message and KV record on the bus carries the writer's W3C `traceparent`/`tracestate` in
+its NATS headers; a reader continues it with `continued()`. A header is only ever a trace link:
+readers check every message exactly as they would without one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import contextlib
+from collections.abc import Iterable, Iterator, Mapping
 from types import MappingProxyType
 
 from opentelemetry import context as otel_context
@@ -18,21 +23,33 @@ from opentelemetry import propagate, trace
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.sampling import ParentBased, Sampler, TraceIdRatioBased
+from opentelemetry.trace import Link, Span, SpanContext
 
 from shared.config import TelemetrySettings
 from shared.resource import agent_resource
 
 __all__ = [
+    "TRACE_HEADERS",
+    "Carrier",
+    "carried",
     "configure",
+    "continued",
     "current_trace_id",
     "export_endpoint",
     "extract",
     "extract_grpc_metadata",
     "inject",
+    "remote_span",
     "shutdown",
     "span_exporter",
     "tracer",
 ]
+
+TRACE_HEADERS = ("traceparent", "tracestate")
+# W3C caps tracestate at 32 members of up to 256 characters; a longer header is not a trace.
+_MAX_HEADER_CHARS = 512
+Carrier = tuple[tuple[str, str], ...]
+"""The trace-context headers of one message, in a hashable form that dataclasses can hold."""
 
 _provider: TracerProvider | None = None
 _NO_ENV: Mapping[str, str] = MappingProxyType({})
@@ -123,9 +140,15 @@ def inject(carrier: dict[str, str]) -> dict[str, str]:
     return carrier
 
 
-def extract(carrier: Mapping[str, str] | None) -> otel_context.Context:
+def extract(carrier: Mapping[str, str] | Carrier | None) -> otel_context.Context:
     """Trace context from NATS headers; an empty context when there is none."""
-    return propagate.extract(dict(carrier or {}))
+    return propagate.extract(_as_dict(carrier))
+
+
+def _as_dict(carrier: Mapping[str, str] | Carrier | None) -> dict[str, str]:
+    if isinstance(carrier, tuple):
+        return dict(carrier)
+    return dict(carrier or {})
 
 
 def extract_grpc_metadata(
@@ -139,3 +162,45 @@ def extract_grpc_metadata(
 def current_trace_id() -> str:
     context = trace.get_current_span().get_span_context()
     return format(context.trace_id, "032x") if context.is_valid else ""
+
+
+def carried(headers: Mapping[str, str] | None) -> Carrier:
+    """Only the W3C trace-context headers of a message, each bounded in length. Everything
+    else a sender put in its headers is left behind: a header links a trace, nothing more."""
+    if not headers:
+        return ()
+    return tuple(
+        (name, value)
+        for name in TRACE_HEADERS
+        if isinstance(value := headers.get(name), str) and 0 < len(value) <= _MAX_HEADER_CHARS
+    )
+
+
+def remote_span(carrier: Mapping[str, str] | Carrier | None) -> SpanContext | None:
+    """The sender's span that `carrier` names; None when it names none (or garbage)."""
+    context = trace.get_current_span(extract(carrier)).get_span_context()
+    return context if context.is_valid else None
+
+
+@contextlib.contextmanager
+def continued(
+    tracer: trace.Tracer,
+    name: str,
+    carrier: Carrier,
+    *,
+    linked: bool = False,
+    attributes: Mapping[str, str | int | bool] | None = None,
+) -> Iterator[Span | None]:
+    """A reader's span for a message that carries a trace: a child of the sender's span, or
+    (`linked`) a new trace's root with a link to it. A message without one gets no span, so
+    the periodic refreshes on the bus do not flood the backend with one-span traces."""
+    sender = remote_span(carrier)
+    if sender is None:
+        yield None
+        return
+    parent = otel_context.Context() if linked else extract(carrier)
+    links = [Link(sender)] if linked else None
+    with tracer.start_as_current_span(
+        name, context=parent, links=links, attributes=dict(attributes or {})
+    ) as span:
+        yield span

@@ -87,7 +87,9 @@ class InventoryPublisher:
     async def publish(self, current: inventory_pb2.Inventory, *, reread: bool) -> bool:
         """Put `current` unless the KV already holds the same content; True when it wrote."""
         bucket = self.bus.names.inventory_bucket
-        with telemetry.tracer(__name__).start_as_current_span("discovery.publish_inventory"):
+        with telemetry.tracer(__name__).start_as_current_span(
+            "discovery.publish_inventory", context=self.scanner.trace
+        ):
             async with self._writing:
                 if reread or self._stored is None:
                     self._stored = await self._read(bucket)

@@ -42,6 +42,8 @@ from types import MappingProxyType
 from typing import Any
 
 import structlog
+from opentelemetry import context as otel_context
+from opentelemetry import trace
 
 from services.discovery import (
     apirules,
@@ -357,7 +359,14 @@ class SliceReconciler:
         if plan.empty:
             self._forget_stale_rejections()
             return plan
-        with telemetry.tracer(__name__).start_as_current_span("discovery.sync_slices"):
+        # Linked, not a child: one sync may carry the changes of several scans, and it runs
+        # on its own schedule (retries, API server outages).
+        scan = self.scanner.trace
+        scanned = trace.get_current_span(scan).get_span_context() if scan is not None else None
+        links = [trace.Link(scanned)] if scanned is not None and scanned.is_valid else None
+        with telemetry.tracer(__name__).start_as_current_span(
+            "discovery.sync_slices", context=otel_context.Context(), links=links
+        ):
             log.info(
                 "slice_sync_started",
                 driver=self.driver,

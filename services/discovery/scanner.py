@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 import structlog
+from opentelemetry import context as otel_context
 
 from services.discovery import inventory
 from services.discovery.backends import DeviceBackend
@@ -60,6 +61,9 @@ class DeviceScanner:
         self.interval_s = interval_s
         self._clock_ms = clock_ms
         self._current: inventory_pb2.Inventory | None = None
+        self.trace: otel_context.Context | None = None
+        """The trace of the scan that found the current inventory: its inventory put is a child
+        of it, the slice sync that follows links to it."""
         self._changed = asyncio.Condition()
 
     @property
@@ -92,6 +96,7 @@ class DeviceScanner:
     async def scan_once(self) -> bool:
         """One scan; True when it succeeded (changed or not)."""
         with telemetry.tracer(__name__).start_as_current_span("discovery.scan"):
+            scan_trace = otel_context.get_current()
             try:
                 scan = await self.backend.scan()
             except BackendUnavailableError as exc:
@@ -108,6 +113,7 @@ class DeviceScanner:
             return True
         async with self._changed:
             self._current = following
+            self.trace = scan_trace
             self._changed.notify_all()
         log.info(
             "inventory_changed",

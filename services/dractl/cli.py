@@ -22,8 +22,8 @@ from typing import Any, NoReturn
 
 from services.dractl import commands, completion, explain
 from services.dractl.session import open_bus
-from shared import logging
-from shared.config import LogSettings, NATSSettings, env_name, from_args
+from shared import logging, telemetry
+from shared.config import LogSettings, NATSSettings, TelemetrySettings, env_name, from_args
 from shared.errors import DraSuiteError
 
 __all__ = ["main"]
@@ -73,6 +73,12 @@ def _global_flags(parser: argparse.ArgumentParser, *, top: bool) -> None:
     )
     parser.add_argument(
         "-o", "--output", choices=OUTPUTS, default=default("table"), help="output format"
+    )
+    parser.add_argument(
+        "--otlp-endpoint",
+        default=default(os.environ.get("OTLP_ENDPOINT", "")),
+        help="OTLP/gRPC collector for dractl's spans (as the agents'); empty: the SDK's "
+        "OTEL_EXPORTER_OTLP_ENDPOINT, else no export",
     )
     parser.add_argument(
         "-v",
@@ -144,8 +150,18 @@ async def _run(args: argparse.Namespace, output: commands.Output) -> int:
     if args.command == "explain":  # reads the API server, not the bus
         return await explain.run(args)
     settings = from_args(NATSSettings, args, os.environ)
-    async with open_bus(settings, timeout_s=settings.connect_timeout_s) as bus:
-        return await commands.run(bus, args, output)
+    telemetry.configure(
+        TelemetrySettings(otlp_endpoint=args.otlp_endpoint),
+        service="dractl",
+        node=args.node_name,
+        driver=args.driver_name,
+        environ=os.environ,
+    )
+    try:
+        async with open_bus(settings, timeout_s=settings.connect_timeout_s) as bus:
+            return await commands.run(bus, args, output)
+    finally:
+        telemetry.shutdown()
 
 
 def main(argv: list[str] | None = None) -> None:

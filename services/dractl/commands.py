@@ -11,11 +11,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+from opentelemetry import trace
+
 from services.dractl import document, fleet, queries, render
+from shared import telemetry
 from shared.bus.connection import Bus
 from shared.pb.drasuite.v1 import health_pb2
 
 __all__ = ["Output", "run"]
+
+tracer = telemetry.tracer(__name__)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -112,7 +117,17 @@ async def _fleet(bus: Bus, args: argparse.Namespace, output: Output, *, now: dat
 
 
 async def _control(bus: Bus, args: argparse.Namespace, output: Output) -> None:
-    """A fault or drain request to the node's health agent, and its answer."""
+    """A fault or drain request to the node's health agent, and its answer. Its span starts
+    the trace that the health and allocation agents continue (the request carries it)."""
+    action = args.action if args.command == "fault" else args.command
+    attributes = {"node": args.node_name, "device": args.device, "action": action}
+    with tracer.start_as_current_span(
+        f"dractl.{args.command}", kind=trace.SpanKind.CLIENT, attributes=attributes
+    ):
+        await _send_control(bus, args, output)
+
+
+async def _send_control(bus: Bus, args: argparse.Namespace, output: Output) -> None:
     driver, node = args.driver_name, args.node_name
     if args.command == "fault":
         command = health_pb2.FaultCommand(

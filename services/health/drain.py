@@ -15,8 +15,10 @@ from collections.abc import Callable, Collection
 from typing import Any, Protocol
 
 import structlog
+from opentelemetry import context as otel_context
 
 from services.health.taints import TaintWriter
+from shared import telemetry
 from shared.backoff import Backoff
 from shared.bus.connection import Bus
 from shared.errors import BusUnavailableError
@@ -24,6 +26,7 @@ from shared.errors import BusUnavailableError
 __all__ = ["DrainControl", "Request"]
 
 log = structlog.get_logger(__name__)
+tracer = telemetry.tracer(__name__)
 _REASON_MAX = 1024
 
 
@@ -32,6 +35,9 @@ class Request(Protocol):
 
     @property
     def data(self) -> bytes: ...
+
+    @property
+    def headers(self) -> dict[str, str] | None: ...
 
     async def respond(self, data: bytes) -> None: ...
 
@@ -70,7 +76,14 @@ class DrainControl:
         await asyncio.Event().wait()
 
     async def handle(self, msg: Request) -> None:
-        await msg.respond(json.dumps(self.command(msg.data)).encode())
+        """Serve one request in a span of the sender's trace (`dractl drain`), which the
+        DeviceTaintRule write continues."""
+        parent = telemetry.extract(telemetry.carried(msg.headers))
+        with tracer.start_as_current_span(
+            "health.drain_request", context=parent, attributes={"node": self._node}
+        ):
+            answer = self.command(msg.data)
+        await msg.respond(json.dumps(answer).encode())
 
     def command(self, data: bytes) -> dict[str, Any]:
         """Apply one drain request; the reply as a dict."""
@@ -87,11 +100,11 @@ class DrainControl:
         if drain and device not in self._devices():
             return {"ok": False, "error": f"device {device}: unknown device on node {self._node}"}
         if drain:
-            self._taints.drain(device, reason=reason)
+            self._taints.drain(device, reason=reason, context=otel_context.get_current())
             self._changed()
             log.warning("device_drained", node=self._node, device=device, reason=reason)
             return {"ok": True, "device": device, "drained": True}
-        found = self._taints.undrain(device)
+        found = self._taints.undrain(device, context=otel_context.get_current())
         self._changed()
         log.info("device_undrained", node=self._node, device=device, was_drained=found)
         return {"ok": True, "device": device, "drained": False, "was_drained": found}

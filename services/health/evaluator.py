@@ -123,9 +123,13 @@ class HealthEvaluator:
         self._states, self._pool = evaluation.states(), observations.pool
         self._recorder.set(self._records(now))
         contexts: dict[str, Context] = {}
+        origins = {o.device: o.origin for o in observations.devices}
         for verdict in evaluation.verdicts:
             if verdict.transition:
-                contexts[verdict.state.device] = await self._on_transition(verdict, now)
+                origin = origins.get(verdict.state.device, ())
+                contexts[verdict.state.device] = await self._on_transition(
+                    verdict, now, origin=origin
+                )
         for state in evaluation.gone:
             log.info("device_left", node=self._node, device=state.device)
         taints = {d: s.taint for d, s in self._states.items() if s.taint is not None}
@@ -172,7 +176,9 @@ class HealthEvaluator:
         drain = self._taints.drain_taint(state.device)
         return [t for t in (state.taint, drain) if t is not None]
 
-    async def _on_transition(self, verdict: Verdict, now: float) -> Context:
+    async def _on_transition(
+        self, verdict: Verdict, now: float, *, origin: tuple[tuple[str, str], ...] = ()
+    ) -> Context:
         state = verdict.state
         fault = state.fault or (verdict.resolved.fault if verdict.resolved else None)
         attributes = {
@@ -181,8 +187,10 @@ class HealthEvaluator:
             "health": state.health.value,
             "cause": fault.cause if fault is not None else "",
         }
-        # A fault reported over NATS continues the reporter's trace (dractl, an operator's tool).
-        parent = telemetry.extract(dict(fault.origin)) if fault and fault.origin else None
+        # A fault reported over NATS continues the reporter's trace (dractl, an operator's tool);
+        # a recovery continues the trace of the clear, not the fault's (maybe hours old) one.
+        report = state.fault.origin if state.fault is not None else origin
+        parent = telemetry.extract(telemetry.carried(dict(report))) if report else None
         with tracer.start_as_current_span(
             "health.evaluate_fault", context=parent, attributes=attributes
         ):

@@ -33,6 +33,9 @@ class Observation:
     """None: the device looks healthy."""
     unknown: bool = False
     """The monitor could not look at the device (it failed or hung); `fault` is then ignored."""
+    origin: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    """Trace-context headers of the last report about the device (a fault or its clear), so
+    that a recovery continues the trace of the clear that caused it."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -156,8 +156,11 @@ class TaintWriter:
         spec = self._drains.get(device)
         return spec.taint if spec is not None else None
 
-    def drain(self, device: str, *, reason: str) -> None:
-        """Give `device` the drain taint (NoSchedule), with `reason` on the rule."""
+    def drain(self, device: str, *, reason: str, context: Context | None = None) -> None:
+        """Give `device` the drain taint (NoSchedule), with `reason` on the rule; `context`:
+        the trace of the request, which the rule's write continues."""
+        if context is not None:
+            self._contexts[device] = context
         self._drains[device] = self._drain_spec(device, reason)
         self._drains_touched.add(device)
         self._changed.set()
@@ -191,8 +194,10 @@ class TaintWriter:
                 log.info("drain_restored", node=self._node, device=device, reason=taint.value)
                 return
 
-    def undrain(self, device: str) -> bool:
+    def undrain(self, device: str, *, context: Context | None = None) -> bool:
         """Remove `device`'s drain taint; False when it was not drained."""
+        if context is not None:
+            self._contexts[device] = context
         self._drains_touched.add(device)
         found = self._drains.pop(device, None) is not None
         self._changed.set()

@@ -335,9 +335,17 @@ class Bus:
         )  # fmt: skip
 
     async def kv_put(self, bucket: str, key: str, value: bytes) -> int:
-        kv = await self.kv(bucket)
+        """Put `value` at `key`; the current trace context travels in the entry's headers
+        (a KV put is a JetStream publish to the key's subject), so watchers continue it."""
+        if not _valid_key(key):
+            raise nats.js.errors.InvalidKeyError(key)
+        await self.kv(bucket)
+        headers = telemetry.inject({})
         try:
-            return await kv.put(key, value)
+            ack = await self.js.publish(
+                self.names.kv_subject(bucket, key), value, headers=headers or None
+            )
+            return int(ack.seq)
         except _UNAVAILABLE as exc:
             raise BusUnavailableError(f"kv put {bucket}/{key}: {exc}", subject=key) from exc
 
@@ -363,7 +371,7 @@ class Bus:
     async def kv_delete(self, bucket: str, key: str) -> None:
         """Put the key's delete marker, which expires after `marker_ttl_s`."""
         await self.kv(bucket)
-        headers = {KV_OP: KV_DEL, "Nats-TTL": f"{self.marker_ttl_s}s"}
+        headers = telemetry.inject({KV_OP: KV_DEL, "Nats-TTL": f"{self.marker_ttl_s}s"})
         try:
             await self.js.publish(self.names.kv_subject(bucket, key), b"", headers=headers)
         except _UNAVAILABLE as exc:
@@ -423,6 +431,13 @@ class Bus:
             return await self.nc.subscribe(subject, queue=queue, cb=guarded)
         except _UNAVAILABLE as exc:
             raise BusUnavailableError(f"subscribe {subject}: {exc}", subject=subject) from exc
+
+
+def _valid_key(key: str) -> bool:
+    """The key rule of nats-py's `KeyValue.put`, which `kv_put` bypasses to send headers."""
+    if not key or key[0] == "." or key[-1] == ".":
+        return False
+    return all(char.isalnum() or char in "-/_=." for char in key)
 
 
 def _from_jetstream(msg: Msg) -> bool:

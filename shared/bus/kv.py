@@ -42,6 +42,7 @@ from nats.aio.subscription import Subscription
 from nats.js import api
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE
 
+from shared import telemetry
 from shared.backoff import Backoff
 from shared.bus import origin
 from shared.bus.connection import Bus
@@ -68,6 +69,10 @@ class KVChange:
     revision: int
     # True on the marker that ends the replay of current values after each (re)start.
     synced: bool = False
+    # The writer's W3C trace-context headers (only those; `telemetry.carried`).
+    trace: telemetry.Carrier = ()
+    # True for a current value replayed after a (re)start, not a change seen as it happened.
+    replayed: bool = False
 
 
 _SYNCED = KVChange(key="", value=None, revision=0, synced=True)
@@ -155,7 +160,7 @@ async def _start(bus: Bus, *, bucket: str, keys: str, name: str) -> _Watcher:
     return _Watcher(subscription, queue, replay=(info.num_pending or 0) + (delivered or 0))
 
 
-def _change(msg: Msg, *, source: _Source) -> KVChange | None:
+def _change(msg: Msg, *, source: _Source, replayed: bool) -> KVChange | None:
     headers = msg.headers or {}
     # The consumer's own delivery has reply `$JS.ACK...`: judge the entry by headers and data.
     if origin.is_jetstream_reply(reply="", headers=headers, data=msg.data):
@@ -169,6 +174,8 @@ def _change(msg: Msg, *, source: _Source) -> KVChange | None:
         key=msg.subject[len(source.prefix) :],
         value=None if deleted else msg.data,
         revision=msg.metadata.sequence.stream,
+        trace=telemetry.carried(headers),
+        replayed=replayed,
     )
 
 
@@ -238,7 +245,7 @@ async def _watch(bus: Bus, *, bucket: str, keys: str, name: str) -> AsyncIterato
                 if not source.admits(msg):
                     _dropped(msg, reason="not_this_watch")
                     continue  # nor its pending count: another consumer's delivery
-                change = _change(msg, source=source)
+                change = _change(msg, source=source, replayed=not synced)
                 if change is not None:
                     yield change
                 if not synced and msg.metadata.num_pending == 0:

@@ -17,12 +17,14 @@ from typing import Any
 
 import grpc
 import structlog
+from opentelemetry import context as otel_context
 
 from services.allocation import instruments as allocation_instruments
 from services.allocation.cdi.allowlist import ForbiddenEditError
 from services.allocation.deviceplugin import container_devices, instruments, preference
 from services.allocation.deviceplugin.catalog import DeviceCatalog
 from services.allocation.deviceplugin.resources import Resource
+from services.allocation.node_view.board_trace import traced_send
 from services.allocation.node_view.health_board import Health, HealthBoard
 from shared.errors import ClaimError
 from shared.pb.drasuite.v1 import inventory_pb2
@@ -59,6 +61,7 @@ class DevicePluginService(dp_grpc.DevicePluginServicer):
     ) -> AsyncIterator[dp.ListAndWatchResponse]:
         """The whole list at once, then again on every change of it, until we stop."""
         last: dp.ListAndWatchResponse | None = None
+        sent: otel_context.Context | None = None
         self.streams += 1
         try:
             while not self.board.closed:
@@ -66,6 +69,7 @@ class DevicePluginService(dp_grpc.DevicePluginServicer):
                 changes = (self.board.changed(), self.catalog.changed())
                 current = self.device_list()
                 if current != last:
+                    sent = traced_send(self.board, "allocation.list_and_watch_update", after=sent)
                     yield current
                     last = current
                 await _first(*changes)

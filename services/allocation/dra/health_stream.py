@@ -3,6 +3,7 @@
 Each message is the complete list of this node's devices (the kubelet expects that), sent when
 the stream opens, on every change of the HealthBoard, and every resend interval so that the
 kubelet's health timeout never expires while we are alive. Streams end only when we stop.
+A message sent for a change that carried a trace (a health record's write) is a span of it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from typing import Any
 
 import grpc
 import structlog
+from opentelemetry import context as otel_context
 
+from services.allocation.node_view.board_trace import traced_send
 from services.allocation.node_view.health_board import DeviceHealthView, Health, HealthBoard
 from shared.pb.kubelet.drahealth.v1 import api_pb2 as v1
 from shared.pb.kubelet.drahealth.v1 import api_pb2_grpc as v1_grpc
@@ -57,8 +60,9 @@ class HealthServiceV1Alpha1(v1alpha1_grpc.DRAResourceHealthServicer):
 
     async def responses(self) -> AsyncIterator[v1alpha1.NodeWatchResourcesResponse]:
         """The full device list on open, on every change and every `resend_s`."""
+        sent: otel_context.Context | None = None
         async for views in snapshots(self._board, resend_s=self._resend_s):
-            yield v1alpha1.NodeWatchResourcesResponse(
+            response = v1alpha1.NodeWatchResourcesResponse(
                 devices=[
                     v1alpha1.DeviceHealth(
                         device=v1alpha1.DeviceIdentifier(pool_name=v.pool, device_name=v.device),
@@ -70,6 +74,8 @@ class HealthServiceV1Alpha1(v1alpha1_grpc.DRAResourceHealthServicer):
                     for v in views
                 ]
             )
+            sent = traced_send(self._board, "allocation.kubelet_health_update", after=sent)
+            yield response
 
 
 class HealthServiceV1(v1_grpc.DRAResourceHealthServicer):

@@ -258,7 +258,7 @@ class ClaimPreparer:
             if not self._checkpoints.stored(ref.uid):
                 # Never answer from memory what the disk no longer holds: a restart would
                 # not know the claim. Written back first (its directory too, if gone).
-                await self._checkpoints.put(record)
+                await self._checkpoint(record)
                 log.warning("checkpoint_record_restored")
             if record.cdi_spec is not None and not self._written(record):
                 await self._write_spec(record)
@@ -270,15 +270,8 @@ class ClaimPreparer:
             return record
         claim: AllocatedClaim | None = None
         if record is None:
-            claim = await self._claims.read(ref, deadline=deadline)
-            record = plan(
-                claim,
-                self._inventory.current,
-                driver=self._driver,
-                backend=self._backend,
-                metadata_root=self._metadata_root,
-                mps_root=self._mps_root,
-            )
+            claim = await self._read_claim(ref, deadline=deadline)
+            record = self._plan(claim, self._inventory.current)
             if record.partitions:
                 self._check_partitions(record)
                 await self._put_started(record)
@@ -298,7 +291,7 @@ class ClaimPreparer:
         elif record.partitions and record.cdi_spec is None:
             # Crashed before its partitions were all made: make the rest (the ones made are
             # found, not made again) and plan the spec with them.
-            claim = await self._claims.read(ref, deadline=deadline)
+            claim = await self._read_claim(ref, deadline=deadline)
             record = await self._make_partitions(record, claim)
             await self._start_mps(record)
             await self._write_spec(record)
@@ -308,7 +301,7 @@ class ClaimPreparer:
             await self._start_mps(record)
             await self._write_spec(record)
         record = record.completed()
-        await self._checkpoints.put(record)
+        await self._checkpoint(record)
         self._crash_point("prepare-completed")
         log.info("claim_prepared", devices=[d.device for d in record.devices])
         self._announce_prepared(record, claim=claim)
@@ -361,8 +354,40 @@ class ClaimPreparer:
                 claim_uid=record.uid, device=device, profile=wanted.profile, placement=placement
             )
 
+    async def _read_claim(self, ref: ClaimRef, *, deadline: float | None) -> AllocatedClaim:
+        with _step("allocation.claim_read", ref.uid):
+            return await self._claims.read(ref, deadline=deadline)
+
+    def _plan(
+        self,
+        claim: AllocatedClaim,
+        inventory: inventory_pb2.Inventory | None,
+        *,
+        partitions: dict[str, Partition] | None = None,
+    ) -> PreparedClaim:
+        with _step("allocation.plan", claim.ref.uid):
+            return plan(
+                claim,
+                inventory,
+                driver=self._driver,
+                backend=self._backend,
+                partitions=partitions,
+                metadata_root=self._metadata_root,
+                mps_root=self._mps_root,
+            )
+
+    async def _checkpoint(self, record: PreparedClaim, *, durable: bool = True) -> None:
+        with _step("allocation.checkpoint", record.uid, state=str(record.state)):
+            await self._checkpoints.put(record, durable=durable)
+
     async def _make_partitions(self, record: PreparedClaim, claim: AllocatedClaim) -> PreparedClaim:
         """Make (or find) the claim's partitions, then plan it again with them."""
+        with _step("allocation.partition", record.uid):
+            return await self._make_partitions_traced(record, claim)
+
+    async def _make_partitions_traced(
+        self, record: PreparedClaim, claim: AllocatedClaim
+    ) -> PreparedClaim:
         self._check_partitions(record)
         assert self._partitions is not None  # checked above
         inventory = self._inventory.current
@@ -373,15 +398,7 @@ class ClaimPreparer:
                 claim_uid=record.uid, device=device, profile=wanted.profile, placement=placement
             )
             self._crash_point("partition-created")
-        return plan(
-            claim,
-            inventory,
-            driver=self._driver,
-            backend=self._backend,
-            partitions=made,
-            metadata_root=self._metadata_root,
-            mps_root=self._mps_root,
-        )
+        return self._plan(claim, inventory, partitions=made)
 
     async def _start_mps(self, record: PreparedClaim) -> None:
         """Start (or adopt) the claim's MPS daemon, after the record naming it is stored."""
@@ -391,7 +408,7 @@ class ClaimPreparer:
         self._crash_point("mps-started")
 
     async def _put_started(self, record: PreparedClaim, *, durable: bool = True) -> None:
-        await self._checkpoints.put(record, durable=durable)
+        await self._checkpoint(record, durable=durable)
         self._crash_point("prepare-started")
 
     def _written(self, record: PreparedClaim, *, verify: bool = False) -> bool:
@@ -423,6 +440,11 @@ class ClaimPreparer:
         """The metadata files first, then the CDI spec that mounts them."""
         if record.cdi_spec is None:
             return
+        with _step("allocation.cdi_write", record.uid):
+            await self._write_spec_files(record)
+
+    async def _write_spec_files(self, record: PreparedClaim) -> None:
+        assert record.cdi_spec is not None  # checked by _write_spec
         await self._write_metadata(record)
         try:
             await self._cdi.write(record.uid, record.cdi_spec)
@@ -610,6 +632,11 @@ def _check(ref: ClaimRef, *, action: str) -> None:
             f"{action} claim {ref}: malformed uid {echo.clip(ref.uid, 128)!r}",
             claim_uid=ref.uid,
         )
+
+
+def _step(name: str, uid: str, **attributes: str) -> contextlib.AbstractContextManager[Any]:
+    """A span of one prepare step, named by the claim's UID."""
+    return tracer.start_as_current_span(name, attributes={"claim_uid": uid, **attributes})
 
 
 def _claim_log_context(ref: ClaimRef) -> contextlib.AbstractContextManager[Any]:

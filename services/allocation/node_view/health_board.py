@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from opentelemetry.context import Context
+
 from shared.pb.drasuite.v1 import health_pb2
 
 __all__ = ["MESSAGE_MAX_LENGTH", "DeviceHealthView", "Health", "HealthBoard", "truncate_message"]
@@ -60,6 +62,9 @@ class HealthBoard:
         self._records: dict[str, health_pb2.DeviceHealth] = {}
         self._changed = asyncio.Event()
         self.closed = False
+        self.trace: Context | None = None
+        """The trace of the latest change (a health record's write), which the streams that
+        send it continue; None when that change carried none."""
 
     def close(self) -> None:
         """End every stream (the agent is stopping); the kubelet then marks devices Unknown."""
@@ -70,7 +75,8 @@ class HealthBoard:
         """The event of the *next* change; take it before reading `snapshot()` to miss none."""
         return self._changed
 
-    def _notify(self) -> None:
+    def _notify(self, trace: Context | None = None) -> None:
+        self.trace = trace
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
@@ -80,14 +86,16 @@ class HealthBoard:
             self._devices = devices
             self._notify()
 
-    def put(self, device: str, record: health_pb2.DeviceHealth) -> None:
+    def put(
+        self, device: str, record: health_pb2.DeviceHealth, *, trace: Context | None = None
+    ) -> None:
         if self._records.get(device) != record:
             self._records[device] = record
-            self._notify()
+            self._notify(trace)
 
-    def remove(self, device: str) -> None:
+    def remove(self, device: str, *, trace: Context | None = None) -> None:
         if self._records.pop(device, None) is not None:
-            self._notify()
+            self._notify(trace)
 
     def retain(self, devices: Iterable[str]) -> None:
         """Drop records of devices not in `devices` (keys deleted while we were not watching)."""

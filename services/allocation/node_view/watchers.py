@@ -4,6 +4,10 @@ Both run forever (the shared KV watch resubscribes after reconnects and replays 
 and only update local state, so prepares and health streams never wait on NATS. A message that
 does not decode, or names another driver, node or device than its key, is logged and skipped:
 the last good value stays in force.
+
+Each change that carries a trace is handled in a span of it: a child of the writer's span for a
+change seen live, linked (a new trace) for a value replayed after a (re)start, which is
+catch-up work and would otherwise graft spans onto a long-finished trace.
 """
 
 from __future__ import annotations
@@ -12,9 +16,11 @@ from collections.abc import Coroutine
 from typing import Any
 
 import structlog
+from opentelemetry import context as otel_context
 
 from services.allocation.node_view.health_board import HealthBoard
 from services.allocation.node_view.inventory_cache import InventoryCache
+from shared import telemetry
 from shared.bus import codec, kv
 from shared.bus.connection import Bus
 from shared.errors import MalformedMessageError
@@ -23,6 +29,7 @@ from shared.pb.drasuite.v1 import health_pb2, inventory_pb2
 __all__ = ["health_watcher", "inventory_watcher", "node_view_tasks"]
 
 log = structlog.get_logger(__name__)
+tracer = telemetry.tracer(__name__)
 
 
 def node_view_tasks(
@@ -47,21 +54,30 @@ async def inventory_watcher(
     async for change in kv.watch(bus, bucket=bus.names.inventory_bucket, keys=key):
         if change.synced:
             continue
-        if change.value is None:
-            # Discovery removed the key (e.g. on its shutdown): the devices are still there.
-            log.warning("inventory_deleted_kept_last", key=change.key)
-            continue
-        try:
-            inventory = codec.decode(inventory_pb2.Inventory, change.value, subject=change.key)
-        except MalformedMessageError as exc:
-            log.error("inventory_malformed", key=change.key, error=str(exc))
-            continue
-        if (inventory.driver, inventory.node) != (driver, node):
-            owner = f"{inventory.driver[:64]!r}/{inventory.node[:64]!r}"
-            log.error("inventory_malformed", key=change.key, error=f"an inventory of {owner}")
-            continue
-        if await cache.update(inventory):
-            board.set_devices(cache.device_names())
+        with telemetry.continued(
+            tracer, "allocation.inventory_update", change.trace, linked=change.replayed
+        ):
+            await _apply_inventory(change, cache=cache, board=board, driver=driver, node=node)
+
+
+async def _apply_inventory(
+    change: kv.KVChange, *, cache: InventoryCache, board: HealthBoard, driver: str, node: str
+) -> None:
+    if change.value is None:
+        # Discovery removed the key (e.g. on its shutdown): the devices are still there.
+        log.warning("inventory_deleted_kept_last", key=change.key)
+        return
+    try:
+        inventory = codec.decode(inventory_pb2.Inventory, change.value, subject=change.key)
+    except MalformedMessageError as exc:
+        log.error("inventory_malformed", key=change.key, error=str(exc))
+        return
+    if (inventory.driver, inventory.node) != (driver, node):
+        owner = f"{inventory.driver[:64]!r}/{inventory.node[:64]!r}"
+        log.error("inventory_malformed", key=change.key, error=f"an inventory of {owner}")
+        return
+    if await cache.update(inventory):
+        board.set_devices(cache.device_names())
 
 
 async def health_watcher(bus: Bus, *, board: HealthBoard, driver: str, node: str) -> None:
@@ -76,18 +92,39 @@ async def health_watcher(bus: Bus, *, board: HealthBoard, driver: str, node: str
             seen = set()
             continue
         device = change.key.rsplit(".", 1)[-1]
-        if change.value is None:
-            board.remove(device)
-            continue
-        seen.add(device)  # a bad value does not delete the key: its last good record stays
-        try:
-            record = codec.decode(health_pb2.DeviceHealth, change.value, subject=change.key)
-        except MalformedMessageError as exc:
-            log.error("health_record_malformed", key=change.key, error=str(exc))
-            continue
-        named = (record.driver, record.node, record.device)
-        if named != (driver, node, device):
-            owner = "/".join(repr(name[:64]) for name in named)
-            log.error("health_record_malformed", key=change.key, error=f"record of {owner}")
-            continue
-        board.put(device, record)
+        # A bad value does not delete the key: its last good record stays.
+        if change.value is not None:
+            seen.add(device)
+        with telemetry.continued(
+            tracer,
+            "allocation.health_update",
+            change.trace,
+            linked=change.replayed,
+            attributes={"device": device},
+        ) as span:
+            trace = otel_context.get_current() if span is not None else None
+            _apply_health(change, board=board, device=device, named=(driver, node), trace=trace)
+
+
+def _apply_health(
+    change: kv.KVChange,
+    *,
+    board: HealthBoard,
+    device: str,
+    named: tuple[str, str],
+    trace: otel_context.Context | None,
+) -> None:
+    if change.value is None:
+        board.remove(device, trace=trace)
+        return
+    try:
+        record = codec.decode(health_pb2.DeviceHealth, change.value, subject=change.key)
+    except MalformedMessageError as exc:
+        log.error("health_record_malformed", key=change.key, error=str(exc))
+        return
+    owner = (record.driver, record.node, record.device)
+    if owner != (*named, device):
+        text = "/".join(repr(name[:64]) for name in owner)
+        log.error("health_record_malformed", key=change.key, error=f"record of {text}")
+        return
+    board.put(device, record, trace=trace)

@@ -17,6 +17,7 @@ import structlog
 
 from services.health.monitors import ObservationSink
 from services.health.observation import Fault, Observation, Observations
+from shared import telemetry
 from shared.backoff import Backoff
 from shared.bus import codec, kv
 from shared.bus.connection import Bus
@@ -27,6 +28,7 @@ from shared.sim.profile import SimFault
 __all__ = ["SimMonitor"]
 
 log = structlog.get_logger(__name__)
+tracer = telemetry.tracer(__name__)
 
 
 class Request(Protocol):
@@ -60,6 +62,8 @@ class SimMonitor:
         self._faults = {
             f.device: Fault(cause=f.cause, code=f.code, message=f.message) for f in faults
         }
+        # The trace of the last command about each device: its observation carries it on.
+        self._origins: dict[str, telemetry.Carrier] = {}
         self._pool = node
         self._devices: tuple[str, ...] | None = None  # None until the inventory is known
         self._sink: ObservationSink | None = None
@@ -80,7 +84,10 @@ class SimMonitor:
         """The current view; None while the device list is unknown."""
         if self._devices is None:
             return None
-        devices = tuple(Observation(device=d, fault=self._faults.get(d)) for d in self._devices)
+        devices = tuple(
+            Observation(device=d, fault=self._faults.get(d), origin=self._origins.get(d, ()))
+            for d in self._devices
+        )
         return Observations(pool=self._pool, devices=devices)
 
     def _report(self) -> None:
@@ -135,8 +142,18 @@ class SimMonitor:
         await asyncio.Event().wait()
 
     async def handle_command(self, msg: Request) -> None:
-        """Apply one FaultCommand and reply `{"ok": true}` or `{"ok": false, "error": ...}`."""
-        error = self._command(msg.data, origin=tuple(sorted((msg.headers or {}).items())))
+        """Apply one FaultCommand and reply `{"ok": true}` or `{"ok": false, "error": ...}`.
+
+        The observation is a span of the sender's trace (`dractl fault`); the evaluation that
+        follows, in another task, continues this span through the fault's `origin`."""
+        parent = telemetry.extract(telemetry.carried(msg.headers))
+        attributes = {"node": self._node}
+        with tracer.start_as_current_span(
+            "health.monitor_observation", context=parent, attributes=attributes
+        ) as span:
+            error = self._command(msg.data, origin=telemetry.carried(telemetry.inject({})))
+            if error is not None:
+                span.set_attribute("error", error)
         reply = {"ok": True} if error is None else {"ok": False, "error": error}
         await msg.respond(json.dumps(reply).encode())
 
@@ -161,6 +178,7 @@ class SimMonitor:
     def _set_fault(
         self, command: health_pb2.FaultCommand, *, origin: tuple[tuple[str, str], ...]
     ) -> None:
+        self._origins[command.device] = origin
         if command.clear:
             self._faults.pop(command.device, None)
             log.info("fault_cleared", node=self._node, device=command.device)

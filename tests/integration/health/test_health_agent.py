@@ -92,6 +92,7 @@ def _assert_one_trace(spans: InMemorySpanExporter, trace_id: str) -> None:
     assert any(name.startswith("kube.create") for name in in_trace)
     assert sorted({name for name in in_trace if name.startswith("health.")}) == [
         "health.evaluate_fault",
+        "health.monitor_observation",
         "health.publish_alert",
         "health.write_event",
         "health.write_pod_events",
@@ -226,5 +227,13 @@ async def test_a_fault_reported_over_nats_continues_the_reporters_trace(health, 
         for s in spans.get_finished_spans()
         if s.name == "health.evaluate_fault" and s.context.trace_id == trace_id
     ]
+    # The monitor's observation is the caller's child, and the evaluation the observation's.
+    (observation,) = [
+        s
+        for s in spans.get_finished_spans()
+        if s.name == "health.monitor_observation" and s.context.trace_id == trace_id
+    ]
+    assert observation.parent is not None
+    assert observation.parent.span_id == caller.get_span_context().span_id
     assert evaluation.parent is not None
-    assert evaluation.parent.span_id == caller.get_span_context().span_id
+    assert evaluation.parent.span_id == observation.context.span_id
