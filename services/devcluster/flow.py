@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import nats.errors
+import nats.js.errors
 from nats.js import api
 
 from services.devcluster import scheduler
@@ -290,14 +291,25 @@ async def wait_node_event(kube: KubeClient, *, node: str, namespace: str) -> Obj
     return await eventually(probe, what=f"an Event about node {node}")
 
 
-async def alert_feed(bus: Bus) -> AsyncGenerator[alert_pb2.Alert, None]:
-    """Every alert on the stream from its start, then new ones."""
-    subscription = await bus.js.subscribe(
-        bus.names.alerts_wildcard,
-        stream=bus.names.alerts_stream,
-        ordered_consumer=True,
-        config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL),
-    )
+async def alert_feed(
+    bus: Bus, *, stream_wait_s: float = 30.0
+) -> AsyncGenerator[alert_pb2.Alert, None]:
+    """Every alert on the stream from its start, then new ones. On a stack just started the
+    stream may not exist yet (the health agent makes it on the open bus): wait for it."""
+    deadline = time.monotonic() + stream_wait_s
+    while True:
+        try:
+            subscription = await bus.js.subscribe(
+                bus.names.alerts_wildcard,
+                stream=bus.names.alerts_stream,
+                ordered_consumer=True,
+                config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL),
+            )
+            break
+        except nats.js.errors.NotFoundError:
+            if time.monotonic() >= deadline:
+                raise
+            await asyncio.sleep(0.1)
     try:
         while True:
             try:
