@@ -164,7 +164,7 @@ class _FixedBackend:
         await asyncio.Event().wait()
 
 
-# H100-like MIG geometry: 7 compute slices, 8 memory slices per GPU (HARDWARE.md 1.1/1.2).
+# H100-like MIG geometry: 7 compute slices, 8 memory slices per GPU (docs/hardware.md §1.1/1.2).
 _PROFILES = (
     ("1g-10gb", 1, 1, 7),
     ("2g-20gb", 2, 2, 3),

@@ -286,7 +286,7 @@ class AllocationConfig:
 
     @property
     def dra_socket_path(self) -> Path:
-        """`dra.sock`, or `dra-<uid>.sock` with rolling updates (CONTRACTS 2.1)."""
+        """`dra.sock`, or `dra-<uid>.sock` with rolling updates (docs/contracts.md §2.1)."""
         if self.rolling_update_uid:
             return self.data_dir / f"dra-{self.rolling_update_uid}.sock"
         return self.data_dir / "dra.sock"

@@ -1,6 +1,6 @@
 """A kubelet stand-in for the plugin side of DRA: registration, prepare/unprepare, health.
 
-It talks to a plugin the way the kubelet does (CONTRACTS 1-3): finds `*-reg.sock` in the
+It talks to a plugin the way the kubelet does (docs/contracts.md §1-3): finds `*-reg.sock` in the
 registry dir (dotfiles ignored), GetInfo (1 s), validates the answer, picks the first DRA
 service version the plugin lists that it knows, reports the verdict with
 NotifyRegistrationStatus (5 s), then uses one connection for DRA and health calls, each DRA

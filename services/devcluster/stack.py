@@ -49,7 +49,7 @@ OPEN_BUS_WARNING = (
     "records and inject faults. For development only; a cluster install (deploy/kustomize) runs "
     "NATS authenticated, TLS-only and fenced."
 )
-"""What `dra-suite demo` and `dra-suite up` say when they start (DESIGN.md "Trust boundaries")."""
+"""What `dra-suite demo` and `dra-suite up` say when they start (docs/security.md)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

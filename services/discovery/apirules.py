@@ -1,6 +1,6 @@
 """What the API server accepts in a ResourceSlice, by Kubernetes minor version (pure).
 
-CONTRACTS 4.1/4.5/6. `for_server(version_json)` reads `GET /version` and gives the
+docs/contracts.md §4.1/4.5/6. `for_server(version_json)` reads `GET /version` and gives the
 `PublishRules` the slices are built by:
 
 - 1.34: shared counters may share a slice with devices and must sit with the devices that

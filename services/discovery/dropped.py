@@ -1,7 +1,8 @@
 """Fields the API server dropped from a slice we wrote, and the gates that explain it (pure).
 
-A kube-apiserver silently drops fields whose feature gate is off (CONTRACTS 4.5). The Go helper
-reports that as `DroppedFieldsError` naming the likely gates (CONTRACTS 9); `dropped_paths`
+A kube-apiserver silently drops fields whose feature gate is off (docs/contracts.md §4.5). The Go
+helper
+reports that as `DroppedFieldsError` naming the likely gates (docs/contracts.md §9); `dropped_paths`
 compares what was sent with what was stored, `likely_gates` names the gates.
 """
 

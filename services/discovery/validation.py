@@ -1,4 +1,5 @@
-"""Checks of devices against the ResourceSlice limits of CONTRACTS 4.1, before publishing (pure).
+"""Checks of devices against the ResourceSlice limits of docs/contracts.md §4.1, before publishing
+(pure).
 
 A device that breaks a rule is left out of the slices with a clear reason; the rest of the
 pool is still published. Attribute names are canonical here: the driver's own domain is

@@ -8,7 +8,7 @@ faulty parent gets the parent's fault; a partition of a parent the monitor canno
 unknown too; partitions the monitor does not report (NVML sees whole GPUs) are added.
 
 MIG partitions are placements: the discovery agent names them
-`<gpu>-mig-<profile>-<GI profile ID>-<placement start>` (as NVIDIA's driver does, HARDWARE.md
+`<gpu>-mig-<profile>-<GI profile ID>-<placement start>` (as NVIDIA's driver does, docs/hardware.md
 1.3), with `parent` (or the GPU's counter set) naming the GPU and `placementStart` the start.
 The GPU-instance ID an NVML event carries is the driver's, given when the instance is made,
 so it is in no inventory: the nvml monitor asks NVML for that instance's profile and placement

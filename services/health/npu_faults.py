@@ -1,6 +1,6 @@
 """Ascend error codes to faults (pure), after the vendor device plugin's fault levels.
 
-HARDWARE.md 3.7: each code has a level; the most severe level of a chip's codes decides.
+docs/hardware.md §3.7: each code has a level; the most severe level of a chip's codes decides.
 NotHandleFault is no fault; SubHealthFault becomes cause `npu-subhealth` (informational by
 default), the restart levels cause `npu-restart` (transient), the separate levels cause
 `npu` (fatal). A code missing from the table isolates the device (SeparateNPU), as the
@@ -40,7 +40,7 @@ KNOWN_CODES = {
     "80E3A201": "SeparateNPU",
     "80E18402": "SeparateNPU",
 }
-"""The example codes of HARDWARE.md 3.7 (faultCode.json holds ~800)."""
+"""The example codes of docs/hardware.md §3.7 (faultCode.json holds ~800)."""
 
 _CAUSES = {
     "SubHealthFault": "npu-subhealth",

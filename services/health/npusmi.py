@@ -1,8 +1,8 @@
 """Parsers of `npu-smi` output (pure): the summary table and one chip's health.
 
-`npu-smi info` (HARDWARE.md 3.2): each chip takes two table rows, the first with the NPU
+`npu-smi info` (docs/hardware.md §3.2): each chip takes two table rows, the first with the NPU
 (card) ID, name and Health, the second with the chip index and bus ID; the process table
-ends the device rows. `npu-smi info -t health -i <card> -c <chip>` (HARDWARE.md 3.3):
+ends the device rows. `npu-smi info -t health -i <card> -c <chip>` (docs/hardware.md §3.3):
 `key : value` lines with `Health Status`, `Error Code` (`NA` or hex codes) and `Error
 Information`. Output that does not have this shape raises `BackendUnavailableError`.
 """

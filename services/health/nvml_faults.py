@@ -1,4 +1,4 @@
-"""NVML events and counters to faults (pure), after NVIDIA's plugins (HARDWARE.md 2.4-2.5).
+"""NVML events and counters to faults (pure), after NVIDIA's plugins (docs/hardware.md §2.4-2.5).
 
 An XID event is cause `xid` with the XID as code (whether it is an application error is the
 policy's call: its ignore list); a double-bit ECC event or a non-zero volatile double-bit

@@ -2,7 +2,7 @@
 
 A fault is `fatal`, `transient` or `informational`, looked up by (cause, code), then by
 cause, then the default class; codes on a cause's ignore list (by default the application
-XIDs 13, 31, 43, 45, 68, 109 of HARDWARE.md 2.5) are no fault at all. Each class has a taint
+XIDs 13, 31, 43, 45, 68, 109 of docs/hardware.md §2.5) are no fault at all. Each class has a taint
 effect and says whether the device counts as unhealthy. The rules also say what an Ascend
 error code missing from the built-in table does (`isolate` or `ignore`, applied by the ascend
 monitor). `from_mapping()` reads the policy file's document (already parsed YAML); invalid

@@ -1,5 +1,5 @@
 """A stateful fake npu-smi for vNPUs: `info -m`, `info -t info-vnpu`, `set -t create-vnpu`,
-`set -t destroy-vnpu`, printed in the layouts of HARDWARE.md 3.3/3.6.
+`set -t destroy-vnpu`, printed in the layouts of docs/hardware.md §3.3/3.6.
 
 Use it in process as a command runner (`await fake(argv, timeout_s=...)`), or as a real
 executable (`install(directory, state)` writes an `npu-smi` script that runs this file over a

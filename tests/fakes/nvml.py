@@ -1,6 +1,6 @@
 """A fake NVML that answers like a real A100, H100, H200 (or a MIG-less L4) node.
 
-Profile data is HARDWARE.md 1.1/1.2: GI profile ids, placements, SMs, engines and memory per
+Profile data is docs/hardware.md §1.1/1.2: GI profile ids, placements, SMs, engines and memory per
 GPU model. NVLink is modelled as HGX boards (every GPU linked to the same 4 NVSwitches),
 bridged pairs, or none. Failures are injected per call name (`fail`), at init (`init_error`),
 or by blocking every call until `release` is set (a wedged driver).

@@ -1,6 +1,6 @@
 """A fake of the MIG partition manager's NVML seam (`services/allocation/partitions/mig_nvml.py`).
 
-GPUs, GI profiles and placements are those of `tests/fakes/nvml.py` (HARDWARE.md 1.1/1.2).
+GPUs, GI profiles and placements are those of `tests/fakes/nvml.py` (docs/hardware.md §1.1/1.2).
 GPU instances take memory slices as NVML does: a placement that overlaps a GI, or a profile
 at its instance limit, answers INSUFFICIENT_RESOURCES; a GI with a CI cannot be destroyed
 (IN_USE). Each GI and CI gets its capability file under `capabilities_root`, numbered as

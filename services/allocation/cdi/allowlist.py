@@ -1,8 +1,8 @@
 """Which CDI container edits a node's backend may hand a container (pure).
 
-The inventory arrives over the bus and is untrusted (DESIGN.md, "Trust boundaries"): whatever
+The inventory arrives over the bus and is untrusted (docs/security.md): whatever
 it says, a container gets only the device nodes and environment variables that the node's own
-backend produces (HARDWARE.md 1.3, 3.5), under the host paths documented for them, and every
+backend produces (docs/hardware.md §1.3, 3.5), under the host paths documented for them, and every
 variable's value has the shape the driver writes. A device's edits are also bound to it
 (`Own`): a numbered device node (`/dev/davinci<N>`, `/dev/nvidia<N>`, a MIG capability) or a
 visible-devices value naming any other device is refused, and so is every vendor edit of a
@@ -132,7 +132,8 @@ class BackendRules:
             return host == SIM_HOST
         if not host or host == path:
             return True
-        # A static vNPU: host /dev/vdavinci<N> is the container's /dev/davinci<N> (HARDWARE 3.5).
+        # A static vNPU: host /dev/vdavinci<N> is the container's /dev/davinci<N> (docs/hardware.md
+        # §3.5).
         match = _VNPU_HOST.fullmatch(path)
         return match is not None and host == f"/dev/vdavinci{match.group(1)}"
 

@@ -1,7 +1,7 @@
 """CDI container edits per backend for the devices of one claim (pure).
 
 The node's own backend (`--backend`, never the inventory's) picks how a device reaches a
-container (HARDWARE.md 1.3, 3.5). Each device's nodes and visible-devices variables come from
+container (docs/hardware.md §1.3, 3.5). Each device's nodes and visible-devices variables come from
 the device the claim got (its name, the partition made for it) and the backend's view of it,
 never from an inventory value that names other devices (`allowlist.Own`):
 
@@ -31,11 +31,11 @@ final env) or the claim fails with `ForbiddenEditError`.
 
 Per request, variables of its devices are joined (`ASCEND_VISIBLE_DEVICES=0,1`): a container
 gets every device of the requests it references. A device's partition replaces its nodes and
-overrides its env. Consumed capacity of shared devices (CONTRACTS 4.4) becomes
+overrides its env. Consumed capacity of shared devices (docs/contracts.md §4.4) becomes
 `DRA_SUITE_CONSUMED_<NAME>` (one value per distinct device of the request, in
 `DRA_SUITE_DEVICES` order, two shares of one device summed) and, for NVIDIA GPUs, the MPS
 memory limit `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` (the lower of the share and any opaque
-`memoryLimit`). Ascend has no runtime-enforced memory limit variable (HARDWARE.md 3.5 names
+`memoryLimit`). Ascend has no runtime-enforced memory limit variable (docs/hardware.md §3.5 names
 none), so only our variable carries it there.
 """
 

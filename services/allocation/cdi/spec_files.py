@@ -1,4 +1,5 @@
-"""CDI specs: one transient spec per prepared claim, named after the claim UID (CONTRACTS 7).
+"""CDI specs: one transient spec per prepared claim, named after the claim UID (docs/contracts.md
+§7).
 
 Vendor `k8s.<driver>`, class `claim`, device names `<claimUID>-<device>` (plus the share ID for
 a shared device) so that names are never reused across claims; the file is

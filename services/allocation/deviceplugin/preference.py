@@ -1,6 +1,6 @@
 """Which devices to prefer for an allocation of N: the topology preference (pure).
 
-The order of HARDWARE.md 4: chips on one card first (both chips of a 310P Duo, both dies of
+The order of docs/hardware.md §4: chips on one card first (both chips of a 310P Duo, both dies of
 an A3 NPU), else chips of one HCCS ring (or, for GPUs, one NVLink group), else chips across
 PCIe, NUMA-aligned where one NUMA node can hold them all. Among groups that fit, the one with
 the fewest free devices wins (best fit, as Volcano's ring affinity does), so that whole cards

@@ -5,7 +5,7 @@ specs written for those plugins keep working:
 
 - `ascend` NPUs: `huawei.com/Ascend910` (910A, 910B, A3), `huawei.com/Ascend310P`,
   `huawei.com/Ascend310` by chip family; a static vNPU (chip `310Pvir02`) is its template's
-  own resource, `huawei.com/Ascend310P-2c` (HARDWARE.md 3.6).
+  own resource, `huawei.com/Ascend310P-2c` (docs/hardware.md §3.6).
 - `nvml`: `nvidia.com/gpu`; a MIG device that exists (has a UUID) is `nvidia.com/mig-<profile>`
   (the device plugin's "mixed" strategy). Placements made only at prepare time are not
   offered: a device plugin can only hand out what exists.
@@ -31,7 +31,7 @@ RESOURCE_NAME = re.compile(
 """An extended resource name: `<domain>/<name>` (the kubelet checks it is qualified)."""
 _ON_DEMAND = "createdOnDemand"
 _TEMPLATE = re.compile(r"vir(\d+)((?:_[a-z0-9]+)*)$")
-# npu-smi template suffixes -> the Ascend device plugin's resource suffixes (HARDWARE.md 3.6).
+# npu-smi template suffixes -> the Ascend device plugin's resource suffixes (docs/hardware.md §3.6).
 _TEMPLATE_PARTS = {"1c": "1cpu", "3c": "3cpu", "4c": "4cpu", "8g": "8g", "16g": "16g"}
 _WHOLE_DEVICE_NAMES = frozenset(
     {"huawei.com/Ascend910", "huawei.com/Ascend310P", "huawei.com/Ascend310", "nvidia.com/gpu"}

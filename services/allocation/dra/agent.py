@@ -88,7 +88,8 @@ class AllocationAgent:
         )
         self.registration = RegistrationService(driver=driver, endpoint=config.dra_socket_path)
         self.registrar = Registrar(self.registration, config.registration_socket_path)
-        # Only with rolling updates may another instance share the checkpoint (CONTRACTS 2.3).
+        # Only with rolling updates may another instance share the checkpoint (docs/contracts.md
+        # §2.3).
         self.instance_lock = InstanceLock(
             config.serialize_lock_path if config.rolling_update_uid else None
         )

@@ -83,7 +83,8 @@ class DeviceResult:
     share_id: str | None = None
     admin_access: bool = False
     consumed_capacity: Mapping[str, str] = field(default_factory=dict)
-    """`consumedCapacity` of a share of a multi-allocatable device (CONTRACTS 4.4): what the
+    """`consumedCapacity` of a share of a multi-allocatable device (docs/contracts.md §4.4): what
+    the
     container may use of the device; empty for a device allocated whole."""
 
 

@@ -16,7 +16,7 @@ Unprepare removes the CDI spec, then the claim's metadata files, MPS daemon and 
 then the checkpoint; unknown claims unprepare cleanly. A UID prepared under one claim name is
 refused under another. At start, partitions that no record names are orphans (a quarantined
 record) and are removed. A claim recreated under the same name (new UID) waits, bounded, until
-the preparation of the old UID is unprepared (CONTRACTS 10).
+the preparation of the old UID is unprepared (docs/contracts.md §10).
 
 Fault-injection seam: `crash_at` names a step (`config.CRASH_STEPS`) at which the process exits
 at once with code 137, as a kill -9 would; the kill -9 tests set it through `cli` only.

@@ -36,7 +36,8 @@ __all__ = ["PLUGIN_TYPE", "SUPPORTED_VERSIONS", "Registrar", "RegistrationServic
 log = structlog.get_logger(__name__)
 
 PLUGIN_TYPE = "DRAPlugin"
-# The kubelet takes the first one it knows, in our order: v1 before v1beta1 (CONTRACTS 1.2).
+# The kubelet takes the first one it knows, in our order: v1 before v1beta1 (docs/contracts.md
+# §1.2).
 # Health: 1.34-1.36 kubelets know v1alpha1; 1.37 prefers v1 when both are listed.
 SUPPORTED_VERSIONS = (
     "v1.DRAPlugin",

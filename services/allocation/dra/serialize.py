@@ -1,6 +1,7 @@
 """Serialisation of prepare/unprepare across plugin instances during a rolling update.
 
-Two instances of the plugin may serve the same node at once (CONTRACTS 2.3); either may get any
+Two instances of the plugin may serve the same node at once (docs/contracts.md §2.3); either may
+get any
 call, so they share the checkpoint and CDI root and take turns, as the Go helper does, with an
 `fcntl.flock` on `<plugin data dir>/serialize.lock`. The flock is taken in a worker thread (the
 event loop never blocks); inside one process an asyncio.Lock queues callers first, because a

@@ -14,7 +14,7 @@ retry finds the entry and completes it: it adopts the GI at the recorded placeme
 inside it, that a killed process made but did not record, and never makes a second one. Only
 instances an entry names (or sits at an entry's recorded placement) are ever destroyed: GIs
 an admin made are left alone. Placement: the highest free start first, since the 4g and 7g
-profiles only fit at slice 0 (HARDWARE.md 1.1).
+profiles only fit at slice 0 (docs/hardware.md §1.1).
 
 Every NVML call runs in a worker thread under `timeout_s`; while a timed-out call is still
 stuck in the driver, later calls fail their claim at once instead of piling up threads. NVML

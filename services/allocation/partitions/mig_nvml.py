@@ -2,7 +2,7 @@
 
 Making a MIG device takes a GPU instance (GI) of a profile at a placement of memory slices,
 then a compute instance (CI) inside it; the MIG device's UUID is read from its handle
-(HARDWARE.md 1.1, 2.2). GIs and CIs are named by their ids on the parent GPU, never by NVML
+(docs/hardware.md §1.1, 2.2). GIs and CIs are named by their ids on the parent GPU, never by NVML
 handles, so the manager can record them and find them again after a restart.
 `PynvmlMig` imports `pynvml` only when opened (`open_library`); a failed call raises
 `NVMLCallError`. Every call blocks: callers run them in a worker thread. The test double is

@@ -10,14 +10,15 @@ kill -9 never makes a second one.
 
 Placements (GPU only): a partition asked for at a placement (an option made on demand) sits
 on the memory slices `[start, start + memory slices)`, where `start` must be one of the
-profile's H100 placement starts (HARDWARE.md 1.1); it is made there or not at all, and fails
+profile's H100 placement starts (docs/hardware.md §1.1); it is made there or not at all, and fails
 its claim when a placed partition of the device overlaps those slices. A partition made
 without a placement takes no particular slices, only room.
 
-Profiles: GPU (kind `gpu`) H100-80GB MIG names (HARDWARE.md 1.2), identity `MIG-<uuid4>`,
+Profiles: GPU (kind `gpu`) H100-80GB MIG names (docs/hardware.md §1.2), identity `MIG-<uuid4>`,
 nodes: the GPU's own plus `/dev/nvidia-caps/nvidia-cap<gi>` and `<ci>`, numbered as in
 `/proc/driver/nvidia-caps/mig-minors` (3 + 9 * (15 * gpu + gi), the CI after it; a model, not
-in HARDWARE.md). NPU (kind `npu`) vNPU templates (HARDWARE.md 3.6), identity the vNPU id in
+in docs/hardware.md). NPU (kind `npu`) vNPU templates (docs/hardware.md §3.6), identity the vNPU id
+in
 `[phy*16+100, phy*16+115]`, node `/dev/davinci<vnpu>` with `ASCEND_VISIBLE_DEVICES=<vnpu>` and
 `ASCEND_RUNTIME_OPTIONS=VIRTUAL`. Host paths are the device's own host path (`/dev/null` in the
 shipped profiles), so specs also run under a real runtime.

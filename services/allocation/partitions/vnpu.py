@@ -3,8 +3,8 @@
 A partition of an NPU is a vNPU of a template (`vir05_1c_8g`, …) made with `npu-smi set -t
 create-vnpu` on the chip's card and chip ids (from `npu-smi info -m`), under an id this manager
 picks: the lowest one of `[phy*16+100, phy*16+115]` the chip does not list and no entry holds
-(HARDWARE.md 3.6). The container gets `/dev/vdavinci<id>` (host) as `/dev/davinci<id>` with
-`ASCEND_VISIBLE_DEVICES=<id>` and `ASCEND_RUNTIME_OPTIONS=VIRTUAL` (HARDWARE.md 3.5); the
+(docs/hardware.md §3.6). The container gets `/dev/vdavinci<id>` (host) as `/dev/davinci<id>` with
+`ASCEND_VISIBLE_DEVICES=<id>` and `ASCEND_RUNTIME_OPTIONS=VIRTUAL` (docs/hardware.md §3.5); the
 control nodes stay the device's.
 
 Crash safety: an entry naming (claim, device) -> (card, chip, vNPU id, template) is written to

@@ -1,6 +1,6 @@
 """The npu-smi seam of the vNPU partition manager: running npu-smi, and reading what it prints.
 
-Commands (HARDWARE.md 3.3, 3.6): `npu-smi info -m` maps chips to (card, chip) ids;
+Commands (docs/hardware.md §3.3, 3.6): `npu-smi info -m` maps chips to (card, chip) ids;
 `npu-smi info -t info-vnpu -i <card> -c <chip>` lists a chip's vNPUs (and, on most builds, its
 free/total resources); `npu-smi set -t create-vnpu -i <card> -c <chip> -f <template> -v <id>`
 and `npu-smi set -t destroy-vnpu -i <card> -c <chip> -v <id>` make and remove one, printing

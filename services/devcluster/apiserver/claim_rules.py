@@ -1,4 +1,5 @@
-"""ResourceClaim, ResourceClaimTemplate and DeviceClass rules beyond JSON schema (CONTRACTS 4.2+).
+"""ResourceClaim, ResourceClaimTemplate and DeviceClass rules beyond JSON schema (docs/contracts.md
+§4.2+).
 
 Same shape as `dra_rules`: object, stored object on update (or None), minor
 version in; field errors out. Pure; no I/O.

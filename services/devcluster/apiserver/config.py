@@ -1,6 +1,6 @@
 """Emulated cluster settings: Kubernetes minor version, feature gates, limits.
 
-Default gates follow CONTRACTS.md 4.5 for the chosen version; `for_tests()` turns
+Default gates follow docs/contracts.md §4.5 for the chosen version; `for_tests()` turns
 on the DRA taint gates that our tests exercise. No I/O here.
 """
 

@@ -1,4 +1,5 @@
-"""ResourceSlice and DeviceTaintRule rules that JSON schema cannot express (CONTRACTS 4.1, 5).
+"""ResourceSlice and DeviceTaintRule rules that JSON schema cannot express (docs/contracts.md §4.1,
+5).
 
 `validate_slice` / `validate_taint_rule` take the object, the stored object on
 update (or None) and the Kubernetes minor version; they return field errors.

@@ -7,7 +7,7 @@ a claim can ask for chips of one card), `numaNode` (sysfs), `topologyGroup` (HCC
 from the topo matrix),
 `resource.kubernetes.io/pcieRoot` (sysfs), capacity `memCapacity` and `aiCore`. Device nodes
 are `/dev/davinci<id>` and the shared control nodes; the container gets
-`ASCEND_VISIBLE_DEVICES=<id>` (HARDWARE.md 3.5). Output that does not parse fails the scan
+`ASCEND_VISIBLE_DEVICES=<id>` (docs/hardware.md §3.5). Output that does not parse fails the scan
 with BackendUnavailableError, and the scanner keeps the last good inventory.
 """
 
@@ -44,7 +44,7 @@ AI_CORES = {
     "Ascend910": 20,
     "310P3": 8,
 }
-"""AI cores per chip (HARDWARE.md 3.1); A3 (`Ascend910`) per die."""
+"""AI cores per chip (docs/hardware.md §3.1); A3 (`Ascend910`) per die."""
 CONTROL_NODES = ("/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc")
 _VNPU = re.compile(r"vir(\d+)")
 

@@ -5,7 +5,7 @@ each), the 7 compute slices, and the engines and memory of the largest profile (
 is the maximum over the GPU's profiles, as NVIDIA's driver does; zero counters are left out).
 The whole GPU consumes all of it; a MIG placement consumes its profile's share and its own
 memory slices. So the scheduler cannot hand out a GPU and one of its partitions, nor two
-partitions whose memory slices overlap (HARDWARE.md 1.1, 1.3).
+partitions whose memory slices overlap (docs/hardware.md §1.1, 1.3).
 
 A placement that is an option rather than an existing MIG device (one the node's allocation
 agent makes at prepare time) carries the bool attribute `createdOnDemand: true`, so that a

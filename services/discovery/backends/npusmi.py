@@ -1,6 +1,6 @@
 """Parsers of `npu-smi info` (the summary table) and `npu-smi info -t topo` (pure).
 
-Layouts are those of HARDWARE.md 3.2 and 3.4: the 910B/A3 (HBM) table, the 310/310P table
+Layouts are those of docs/hardware.md §3.2 and 3.4: the 910B/A3 (HBM) table, the 310/310P table
 (with a `Device` column) and the A3 table (with a `Phy-ID` column), each chip on two rows; the
 topo matrix with `NPU<n>` (or `Phy-ID<n>`) labels, optional NIC columns and CPU affinity.
 Anything that does not fit raises `NpuSmiFormatError` naming the line; a parser that guessed

@@ -5,7 +5,7 @@ tests call `add_device` / `remove_device` / `set_attribute`. A reload replaces t
 set, in-process changes included. An unreadable profile after start is logged and ignored.
 
 A device with `mig_profiles` is an H100-80GB in MIG terms: its counter set and partitions come
-from `mig` over the H100 geometry below (HARDWARE.md 1.1/1.2), exactly as the nvml backend
+from `mig` over the H100 geometry below (docs/hardware.md §1.1/1.2), exactly as the nvml backend
 builds them. No sim MIG device exists before a claim is prepared (the allocation agent's sim
 partition manager makes it then), so every placement is flagged `createdOnDemand`. A device
 with `shared` capacity lists it in `Device.shared_capacity`.
@@ -33,7 +33,7 @@ log = structlog.get_logger(__name__)
 
 _FileStamp = tuple[int, int, int]
 
-# H100-80GB GI profiles (HARDWARE.md 1.1/1.2): id, name, compute slices, max instances,
+# H100-80GB GI profiles (docs/hardware.md §1.1/1.2): id, name, compute slices, max instances,
 # placement starts, memory slices, SMs, (decoders, encoders, copy engines, jpeg, ofa), MiB.
 _H100_GEOMETRY: tuple[
     tuple[int, str, int, int, tuple[int, ...], int, int, tuple[int, ...], int], ...

@@ -1,9 +1,9 @@
 """The NVML seam of the health monitor: the calls it makes, as a typed Protocol, and the real one.
 
-Events (HARDWARE.md 2.4): an event set, each GPU registered for XID critical errors and ECC
+Events (docs/hardware.md §2.4): an event set, each GPU registered for XID critical errors and ECC
 errors (ANDed with what it supports), then `nvmlEventSetWait_v2` with a timeout. Counters:
 pending page retirements, row remapping, volatile double-bit ECC. MIG: an event's GPU
-instance ID (HARDWARE.md 2.2) resolved to its profile and placement. `PynvmlEvents` imports
+instance ID (docs/hardware.md §2.2) resolved to its profile and placement. `PynvmlEvents` imports
 `pynvml` (PyPI `nvidia-ml-py`) only when opened; `open_library()` turns a missing package into
 `BackendLoadError("NVML is not available: …")`. Every call blocks; a failed one raises
 `NVMLCallError`. The test double is `tests/fakes/nvml_events.py`.

@@ -1,6 +1,7 @@
 """Rolling update: two plugin instances on one node, each with its own sockets, one state.
 
-Both instances serve at once (CONTRACTS 2.3): per-instance socket names, neither removes the
+Both instances serve at once (docs/contracts.md §2.3): per-instance socket names, neither removes
+the
 other's sockets, and prepare/unprepare are serialised across them by the flock on
 `serialize.lock`, under which each re-reads the shared checkpoint. Either may get any call.
 """

@@ -1,4 +1,5 @@
-"""CDI specs: names per CONTRACTS 7, minimum cdiVersion, validation rules, files on disk."""
+"""CDI specs: names per docs/contracts.md §7, minimum cdiVersion, validation rules, files on
+disk."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The topology preference of GetPreferredAllocation: same card, else one ring, else across
 PCIe NUMA-aligned; for GPUs one NVLink group, else one NUMA node. Table-driven over the
-machines of HARDWARE.md 4."""
+machines of docs/hardware.md §4."""
 
 from __future__ import annotations
 

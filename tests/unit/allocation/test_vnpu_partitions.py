@@ -253,7 +253,7 @@ async def test_the_real_runner_reports_exit_status_timeouts_and_a_missing_binary
         await gone.create(claim_uid=CLAIM_A, device=_npu(0), profile=TEMPLATE)
 
 
-# The parsers, on the layouts of HARDWARE.md 3.3 and 3.6.
+# The parsers, on the layouts of docs/hardware.md §3.3 and 3.6.
 
 _INFO_VNPU_310P = """\
 +-------------------------------------------------------------------------------+

@@ -1,6 +1,6 @@
 """RBAC and DaemonSets: no wildcard, bindings (the grants themselves are compared with the
 agents' measured API calls in test_rbac_least_privilege.py), env names that are real agent
-flags, probes run against real sockets, and the kubelet's socket-path contract (CONTRACTS.md
+flags, probes run against real sockets, and the kubelet's socket-path contract (docs/contracts.md
 2.1)."""
 
 from __future__ import annotations

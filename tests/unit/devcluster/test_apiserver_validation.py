@@ -1,4 +1,5 @@
-"""Validation of written objects: published JSON schemas plus the DRA rules of CONTRACTS 4-5."""
+"""Validation of written objects: published JSON schemas plus the DRA rules of docs/contracts.md
+§4-5."""
 
 from __future__ import annotations
 

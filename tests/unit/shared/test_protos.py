@@ -1,7 +1,7 @@
 """The kubelet protos and the code generated from them (shared/pb/).
 
 Names, numbers and types here are the wire contract with the kubelet
-(CONTRACTS.md sections 1-3); a change to any of them breaks real kubelets.
+(docs/contracts.md §1-3); a change to any of them breaks real kubelets.
 """
 
 from __future__ import annotations
