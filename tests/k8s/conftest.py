@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +26,7 @@ from services.devcluster.controlplane import (
     cached_binaries,
     release,
 )
+from shared.kube.client import KubeClient
 from tests.k8s.background import BackgroundControlPlane
 
 _FIXTURE = "control_plane"
@@ -120,3 +121,11 @@ def control_plane(pytestconfig: pytest.Config) -> RealControlPlane:
         pytest.skip(shared.failure)
     assert shared.background is not None
     return shared.background.plane
+
+
+@pytest.fixture
+async def admin(control_plane: RealControlPlane) -> AsyncIterator[KubeClient]:
+    """A client of the session's control plane as the cluster admin."""
+    client = await KubeClient.connect(control_plane.kube_settings())
+    yield client
+    await client.close()

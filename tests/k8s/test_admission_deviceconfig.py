@@ -20,7 +20,6 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
 from services.allocation.dra import opaque
-from services.devcluster.controlplane import RealControlPlane
 from services.devcluster.controlplane.nodes import wait_for_service_account
 from shared.errors import InvalidOpaqueConfigError, KubeInvalidError, KubeNotFoundError
 from shared.kube.client import KubeClient
@@ -106,13 +105,6 @@ async def _dry_run(admin: KubeClient, claim: dict[str, Any], namespace: str) -> 
     except KubeInvalidError as exc:
         return str(exc)
     return None
-
-
-@pytest.fixture
-async def admin(control_plane: RealControlPlane) -> AsyncIterator[KubeClient]:
-    client = await KubeClient.connect(control_plane.kube_settings())
-    yield client
-    await client.close()
 
 
 @pytest.fixture

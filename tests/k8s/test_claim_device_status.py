@@ -26,6 +26,7 @@ from shared.kube.client import KubeClient
 from shared.kube.resources import PODS, RESOURCE_CLAIMS, ResourceType
 from shared.pb.drasuite.v1 import inventory_pb2
 from tests.k8s.apply import Applier
+from tests.k8s.tokens import pod_bound_token
 from tests.unit.deploy.manifests import KUBECTL, render
 
 pytestmark = [
@@ -57,13 +58,6 @@ class _Inventory:
 
 
 @pytest.fixture
-async def admin(control_plane: RealControlPlane) -> AsyncIterator[KubeClient]:
-    client = await KubeClient.connect(control_plane.kube_settings())
-    yield client
-    await client.close()
-
-
-@pytest.fixture
 async def installed(control_plane: RealControlPlane, admin: KubeClient) -> AsyncIterator[None]:
     """The allocation agent's account, role and claim status policy, as the sim overlay
     renders them."""
@@ -91,7 +85,7 @@ async def test_the_agent_writes_only_its_entries_of_its_nodes_claims(
         await register_node(admin, name)
     mine = await _allocated(admin, "mine", node)
     theirs = await _allocated(admin, "theirs", other)
-    token = await _pod_bound_token(admin, node=node)
+    token = await pod_bound_token(admin, namespace=NAMESPACE, account=ACCOUNT, node=node)
     settings = KubeSettings(kubeconfig=str(control_plane.write_token_kubeconfig(
         tmp_path / "allocation.kubeconfig", token)))  # fmt: skip
     agent = await KubeClient.connect(settings)
@@ -196,30 +190,6 @@ async def _entries(admin: KubeClient, name: str) -> list[Obj]:
 
 async def _none_left(admin: KubeClient, name: str) -> bool:
     return not await _entries(admin, name)
-
-
-async def _pod_bound_token(admin: KubeClient, *, node: str) -> str:
-    """What the kubelet mounts into the agent's pod: a token bound to the pod on `node`."""
-    pod = await admin.create(PODS, {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": f"{ACCOUNT}-{node}", "namespace": NAMESPACE},
-        "spec": {"nodeName": node, "serviceAccountName": ACCOUNT,
-                 "containers": [{"name": "agent", "image": "registry.k8s.io/pause:3.10"}]},
-    }, namespace=NAMESPACE)  # fmt: skip
-    request = {
-        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-        "spec": {"expirationSeconds": 3600, "boundObjectRef": {
-            "kind": "Pod", "apiVersion": "v1", "name": pod["metadata"]["name"],
-            "uid": pod["metadata"]["uid"]}},
-    }  # fmt: skip
-    path = SERVICE_ACCOUNTS.path(namespace=NAMESPACE, name=ACCOUNT, subresource="token")
-    for _ in range(50):  # the ServiceAccount was just created
-        try:
-            issued = await admin._request("POST", path, what="token request", body=request)
-            return str(issued["status"]["token"])
-        except KubeError:
-            await asyncio.sleep(0.1)
-    raise AssertionError(f"no token for {ACCOUNT}")
 
 
 async def _until(check: Any, *, timeout_s: float = 30.0) -> Any:

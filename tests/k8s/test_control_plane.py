@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -39,13 +38,6 @@ TEMPLATES = ResourceType(
     "resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate", True
 )
 _names = itertools.count(1)
-
-
-@pytest.fixture
-async def admin(control_plane: RealControlPlane) -> AsyncIterator[KubeClient]:
-    client = await KubeClient.connect(control_plane.kube_settings())
-    yield client
-    await client.close()
 
 
 @pytest.fixture

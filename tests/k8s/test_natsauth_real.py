@@ -58,13 +58,6 @@ _runs = itertools.count(1)
 
 
 @pytest.fixture
-async def admin(control_plane: RealControlPlane) -> AsyncIterator[KubeClient]:
-    client = await KubeClient.connect(control_plane.kube_settings())
-    yield client
-    await client.close()
-
-
-@pytest.fixture
 async def rbac(admin: KubeClient) -> AsyncIterator[None]:
     """The rendered overlay's ServiceAccounts and RBAC (nothing that runs), removed afterwards."""
     applier = Applier(admin)

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from services.devcluster.controlplane import RealControlPlane
 from shared.kube.client import KubeClient
 from shared.kube.resources import ResourceType
 from tests.k8s.apply import Applier
@@ -33,13 +32,6 @@ SUBJECT_ACCESS_REVIEWS = ResourceType(
     "authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview", False
 )
 Call = tuple[str, str, str, str]  # (API group, resource[/subresource], verb, resource name)
-
-
-@pytest.fixture
-async def admin(control_plane: RealControlPlane) -> AsyncIterator[KubeClient]:
-    client = await KubeClient.connect(control_plane.kube_settings())
-    yield client
-    await client.close()
 
 
 @pytest.fixture

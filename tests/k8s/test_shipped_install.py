@@ -22,9 +22,10 @@ from services.discovery.config import DiscoveryConfig
 from shared.config import KubeSettings, NATSSettings
 from shared.errors import KubeError
 from shared.kube.client import KubeClient
-from shared.kube.resources import PODS, RESOURCE_SLICES, ResourceType
+from shared.kube.resources import RESOURCE_SLICES, ResourceType
 from tests.integration.discovery.agent_runner import running
 from tests.k8s.apply import Applier
+from tests.k8s.tokens import pod_bound_token
 from tests.unit.deploy.manifests import KUBECTL, render
 
 pytestmark = [
@@ -49,13 +50,6 @@ def _examples(minor: int) -> list[dict[str, Any]]:
     if minor >= 36:
         docs += render("examples/k8s-1.36")
     return docs
-
-
-@pytest.fixture
-async def admin(control_plane: RealControlPlane) -> AsyncIterator[KubeClient]:
-    client = await KubeClient.connect(control_plane.kube_settings())
-    yield client
-    await client.close()
 
 
 @pytest.fixture
@@ -99,7 +93,7 @@ async def test_the_discovery_agent_with_its_own_token_writes_only_its_nodes_slic
     node, other = f"install-{next(_nodes)}", f"install-{next(_nodes)}"
     for name in (node, other):
         await register_node(admin, name)
-    token = await _pod_bound_token(admin, node=node, account="dra-discovery")
+    token = await pod_bound_token(admin, namespace=NAMESPACE, account="dra-discovery", node=node)
     kubeconfig = control_plane.write_token_kubeconfig(tmp_path / "discovery.kubeconfig", token)
     settings = KubeSettings(kubeconfig=str(kubeconfig))
     config = DiscoveryConfig(node_name=node, nats=nats_settings, kube=settings)
@@ -134,27 +128,3 @@ async def _refused_once_in_force(agent: KubeClient, admin: KubeClient, forged: O
         await admin.delete(RESOURCE_SLICES, forged["metadata"]["name"])
         await asyncio.sleep(0.1)
     raise AssertionError("the ResourceSlice policy never refused another node's slice")
-
-
-async def _pod_bound_token(admin: KubeClient, *, node: str, account: str) -> str:
-    """What the kubelet mounts into the agent's pod: a token bound to the pod on `node`."""
-    pod = await admin.create(PODS, {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": f"{account}-{node}", "namespace": NAMESPACE},
-        "spec": {"nodeName": node, "serviceAccountName": account,
-                 "containers": [{"name": "agent", "image": "registry.k8s.io/pause:3.10"}]},
-    }, namespace=NAMESPACE)  # fmt: skip
-    request = {
-        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-        "spec": {"expirationSeconds": 3600, "boundObjectRef": {
-            "kind": "Pod", "apiVersion": "v1", "name": pod["metadata"]["name"],
-            "uid": pod["metadata"]["uid"]}},
-    }  # fmt: skip
-    path = SERVICE_ACCOUNTS.path(namespace=NAMESPACE, name=account, subresource="token")
-    for _ in range(50):  # the ServiceAccount was just created with the overlay
-        try:
-            issued = await admin._request("POST", path, what="token request", body=request)
-            return str(issued["status"]["token"])
-        except KubeError:
-            await asyncio.sleep(0.1)
-    raise AssertionError(f"no token for {account}")
