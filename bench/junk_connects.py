@@ -111,7 +111,7 @@ class FloodProcess:
         """Returns once the tokens are made and the first connects are going out."""
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "bench.junk_connects", "--url", url, "--count", str(count),
-            "--kid", kid, stdout=asyncio.subprocess.PIPE,
+            f"--kid={kid}", stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip
         assert process.stdout is not None
         if (await process.stdout.readline()).strip() != b"flooding":
