@@ -1,6 +1,6 @@
 """dractl command line: `inventory`, `health`, `claims`, `fault inject|clear`, `drain`,
-`undrain`, `alerts`, `explain`, `completion`. `inventory` and `health` read one node, or the
-fleet with `--all-nodes` or a glob in `--node-name` (`'gpu-node-*'`).
+`undrain`, `alerts`, `explain`, `classes generate`, `completion`. `inventory` and `health`
+read one node, or the fleet with `--all-nodes` or a glob in `--node-name` (`'gpu-node-*'`).
 
 The only dractl module that reads argv and the environment. Global flags go before or after
 the subcommand (`dractl inventory -o json`). NATS flags have env twins like the agents'
@@ -20,7 +20,7 @@ import typing
 from importlib import metadata
 from typing import Any, NoReturn
 
-from services.dractl import commands, completion, explain
+from services.dractl import classes, commands, completion, explain
 from services.dractl.session import open_bus
 from shared import logging, telemetry
 from shared.config import LogSettings, NATSSettings, TelemetrySettings, env_name, from_args
@@ -134,6 +134,7 @@ def _parser() -> argparse.ArgumentParser:
     alerts.add_argument("--follow", "-f", action="store_true")
     alerts.add_argument("--last", type=int, default=20)
     explain.register(subcommands, parents=[below])
+    classes.register(subcommands, parents=[below])
     shell = subcommands.add_parser("completion", help="a shell completion script")
     shell.add_argument("shell", choices=completion.SHELLS)
     return parser
@@ -149,6 +150,8 @@ def _version() -> str:
 async def _run(args: argparse.Namespace, output: commands.Output) -> int:
     if args.command == "explain":  # reads the API server, not the bus
         return await explain.run(args)
+    if args.command == "classes":  # so does this one
+        return await classes.run(args)
     settings = from_args(NATSSettings, args, os.environ)
     telemetry.configure(
         TelemetrySettings(otlp_endpoint=args.otlp_endpoint),
