@@ -25,8 +25,10 @@ from bench.k8s import measure_k8s
 from bench.mps_share import measure_mps_share
 from bench.nats_auth import measure_nats_auth
 from bench.prepare import measure_prepare
+from bench.sign_verify import measure_sign_verify
 from bench.slices import measure_slices
 from bench.soak import measure_soak
+from bench.vfio import measure_vfio
 from shared.config import LogSettings
 from shared.logging import configure as configure_logging
 
@@ -47,7 +49,9 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         device_plugin = await measure_device_plugin(workdir=Path(tmp) / "device-plugin")
         nats_auth = await measure_nats_auth(workdir=Path(tmp) / "nats-auth")
         mps_share = await measure_mps_share(workdir=Path(tmp) / "mps")
+        vfio = await measure_vfio(workdir=Path(tmp) / "vfio")
         explain = await measure_explain()
+        sign_verify = measure_sign_verify()
         image = await asyncio.to_thread(measure_image_size)
         k8s = await measure_k8s()
     return {
@@ -61,7 +65,9 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         **device_plugin.as_results(),
         **nats_auth.as_results(),
         **mps_share,
+        **vfio,
         **explain,
+        **sign_verify,
         **image,
         **k8s,
     }

@@ -15,8 +15,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from nacl.signing import VerifyKey
+
 from shared import resource
-from shared.bus import auth
+from shared.bus import auth, signing
 from shared.errors import ConfigError
 
 __all__ = [
@@ -136,6 +138,18 @@ class NATSSettings:
         help="Idle heartbeat of each KV watch's consumer; a watch that hears nothing for 3 "
         "heartbeats (its consumer's server died) starts again.",
     )
+    bus_signatures: str = setting(
+        "off",
+        flag="--bus-signatures",
+        help="Signed records (docs/security.md): off (open bus), accept (sign; take unsigned "
+        "records but count them) or enforce (drop every record its owner did not sign).",
+    )
+    bus_auth_key_file: str = setting(
+        "",
+        flag="--bus-auth-key-file",
+        help="File holding the auth service's public certify key (O..., `certify.pub` of the "
+        "callout Secret); needed unless --bus-signatures is off.",
+    )
 
     def __post_init__(self) -> None:
         if not self.url:
@@ -152,6 +166,7 @@ class NATSSettings:
         if not self.watch_heartbeat_s > 0:  # NaN too
             raise ConfigError("nats watch heartbeat must be positive", field="watch_heartbeat_s")
         self._check_auth_combination()
+        self._check_signatures()
         auth.check(self)
 
     def _check_auth_combination(self) -> None:
@@ -187,6 +202,32 @@ class NATSSettings:
             raise ConfigError(
                 "--nats-tls-cert-file and --nats-tls-key-file go together", field="tls_cert_file"
             )
+
+    def _check_signatures(self) -> None:
+        if self.bus_signatures not in signing.MODES:
+            raise ConfigError(
+                f"--bus-signatures {self.bus_signatures!r} is not one of off, accept, enforce",
+                field="bus_signatures",
+            )
+        if self.bus_signatures != signing.OFF:
+            self.auth_key()
+
+    def auth_key(self) -> VerifyKey | None:
+        """The auth service's certify key, read from its file now; None with signatures off."""
+        if self.bus_signatures == signing.OFF:
+            return None
+        if not self.bus_auth_key_file:
+            raise ConfigError(
+                f"--bus-signatures {self.bus_signatures} needs --bus-auth-key-file",
+                field="bus_auth_key_file",
+            )
+        text = auth.read_secret(self.bus_auth_key_file, what="bus auth key file")
+        try:
+            return signing.decode_auth_key(text)
+        except ValueError as exc:
+            raise ConfigError(
+                f"bus auth key file {self.bus_auth_key_file}: {exc}", field="bus_auth_key_file"
+            ) from None
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -5,29 +5,48 @@ instruments are created where the thing they count happens, from `meter(__name__
 names are `dra_<what>_<unit>`; labels are low-cardinality (outcome, verb; never a UID). Who
 reports a series (service, version, node, driver) is in the agent's resource, exported once as
 Prometheus' `target_info` (join on `job`/`instance`), plus `dra_build_info` with the version.
+
+A counter exists only from its first event unless it is declared with `export_at_zero`: then its
+series (per known label set) is exported at 0 from the start, so `rate()`/`increase()` see the
+first event and the dashboard's and the alert rules' queries find the series on a quiet node.
 """
 
 from __future__ import annotations
 
 import asyncio
 import platform
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 
 from opentelemetry import metrics
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
-from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.metrics import CallbackOptions, Counter, Observation, UpDownCounter
 from opentelemetry.sdk.metrics import MeterProvider
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from shared.resource import agent_resource, build_version
 
-__all__ = ["CONTENT_TYPE", "configure", "meter", "observe_asyncio_tasks", "render"]
+__all__ = [
+    "CONTENT_TYPE",
+    "configure",
+    "export_at_zero",
+    "meter",
+    "observe_asyncio_tasks",
+    "observe_nats_connection",
+    "render",
+    "report_ready",
+]
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 _provider: MeterProvider | None = None
 _observed_loop: asyncio.AbstractEventLoop | None = None
+_nats_connected: Callable[[], bool] | None = None
+# Zero-valued series declared before `configure`: a measurement on an instrument made before the
+# provider exists is dropped, so they are recorded when it is installed (one entry per series).
+_pending_zeros: dict[
+    tuple[int, frozenset[tuple[str, str]]], tuple[Counter | UpDownCounter, Mapping[str, str]]
+] = {}
 
 
 def configure(
@@ -47,7 +66,24 @@ def configure(
         )
         metrics.set_meter_provider(_provider)
         _report_build_info(service)
+        for instrument, attributes in _pending_zeros.values():
+            instrument.add(0, attributes)
+        _pending_zeros.clear()
     return _provider
+
+
+def export_at_zero(instrument: Counter | UpDownCounter, *attributes: Mapping[str, str]) -> None:
+    """Export `instrument` at 0 from the start: one series per label set, or the unlabelled one.
+
+    Only label values known in advance belong here (reasons, statuses, the node's backend);
+    a value first seen at run time still starts its own series at its first event.
+    """
+    for labels in attributes or ({},):
+        if _provider is None:
+            key = (id(instrument), frozenset(labels.items()))
+            _pending_zeros[key] = (instrument, dict(labels))
+        else:
+            instrument.add(0, labels)
 
 
 def _report_build_info(service: str) -> None:
@@ -94,6 +130,44 @@ def _observe_tasks(_: CallbackOptions) -> Iterable[Observation]:
     loop = _observed_loop
     if loop is not None and not loop.is_closed():
         yield Observation(len(asyncio.all_tasks(loop)))
+
+
+def observe_nats_connection(connected: Callable[[], bool]) -> None:
+    """Report `connected()` as the `dra_nats_connected` gauge (1 connected, 0 not).
+
+    The agent's bus calls this when its connection task starts; the gauge is made once per
+    process and a later call points it at the newer connection (tests run many in one process).
+    """
+    global _nats_connected
+    first = _nats_connected is None
+    _nats_connected = connected
+    if first:
+        meter(__name__).create_observable_gauge(
+            "dra_nats_connected",
+            callbacks=[_observe_nats_connected],
+            unit="1",
+            description="1 while the agent's NATS connection is up, 0 while it is lost.",
+        )
+
+
+def _observe_nats_connected(_: CallbackOptions) -> Iterable[Observation]:
+    # A read of an asyncio.Event's flag from the scrape's thread: a plain attribute read.
+    connected = _nats_connected
+    if connected is not None:
+        yield Observation(1 if connected() else 0)
+
+
+_ready = meter(__name__).create_gauge(
+    "dra_agent_ready",
+    unit="1",
+    description="1 while the agent's /readyz answers 200, 0 while it answers 503; set at every "
+    "scrape of /metrics.",
+)
+
+
+def report_ready(ready: bool) -> None:
+    """Record the agent's readiness as `dra_agent_ready` (the ops server, before each scrape)."""
+    _ready.set(1 if ready else 0)
 
 
 def render() -> bytes:

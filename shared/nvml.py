@@ -1,26 +1,28 @@
 """What every NVML seam shares: loading `pynvml`, the call wrapper that turns `NVMLError`
-into `NVMLCallError`, and the device calls both agents make (init, count, handles, UUIDs).
+into `NVMLCallError`, and the device calls more than one agent makes (init, count, handles,
+UUIDs, and the MIG profiles, placements, GPU instances and MIG devices of a GPU).
 
-The discovery backend and the health monitor each build their own typed seam on top.
-Every call blocks; callers run them in a worker thread.
+The discovery backend, the MIG partition manager and the health monitor each build their own
+typed seam on top; the MIG types are `shared.vendors.nvidia.mig`'s. Every call blocks; callers
+run them in a worker thread.
 """
 
 from __future__ import annotations
 
 import ctypes
 import importlib
-from dataclasses import dataclass
 from typing import Any
 
 from shared.errors import BackendLoadError
+from shared.vendors.nvidia.mig import GpuInstance, GpuInstanceProfile, MigDevice, Placement
 
 __all__ = [
     "ERROR_INVALID_ARGUMENT",
     "ERROR_NOT_FOUND",
     "ERROR_NOT_SUPPORTED",
+    "GI_PROFILE_ENUM_COUNT",
     "Handle",
     "NVMLCallError",
-    "Placement",
     "PynvmlBase",
     "import_pynvml",
     "text",
@@ -30,6 +32,10 @@ ERROR_INVALID_ARGUMENT = 2
 ERROR_NOT_SUPPORTED = 3
 ERROR_NOT_FOUND = 6
 _UNSUPPORTED = frozenset({ERROR_INVALID_ARGUMENT, ERROR_NOT_SUPPORTED, ERROR_NOT_FOUND})
+GI_PROFILE_ENUM_COUNT = 0x12
+"""`NVML_GPU_INSTANCE_PROFILE_COUNT`: GI profile enums are probed 0..COUNT-1."""
+_MAX_INSTANCES = 32
+"""Room for the instance lists NVML fills (a GPU holds at most 7 GIs, a GI at most 7 CIs)."""
 
 Handle = object
 """An opaque device handle, only passed back to the library that made it."""
@@ -63,21 +69,6 @@ def import_pynvml() -> Any:
             f"NVML is not available: the nvidia-ml-py package is not installed ({exc})",
             backend="nvml",
         ) from exc
-
-
-@dataclass(frozen=True, slots=True)
-class Placement:
-    """Where a GPU instance sits or may sit: memory slices `[start, start+size)` of the 8."""
-
-    start: int
-    size: int
-
-    @property
-    def end(self) -> int:
-        return self.start + self.size
-
-    def overlaps(self, other: Placement) -> bool:
-        return self.start < other.end and other.start < self.end
 
 
 class PynvmlBase:
@@ -114,3 +105,51 @@ class PynvmlBase:
         array = (self._nvml.c_nvmlGpuInstancePlacement_t * max(count.value, 1))()
         self._call(function, handle, profile_id, array, ctypes.byref(count))
         return tuple(Placement(int(p.start), int(p.size)) for p in array[: count.value])
+
+    def gpu_instance_profile(self, handle: Handle, profile: int) -> GpuInstanceProfile:
+        """The GI profile NVML knows by enum `profile` (0..GI_PROFILE_ENUM_COUNT-1)."""
+        info = self._call("nvmlDeviceGetGpuInstanceProfileInfo", handle, profile)
+        return GpuInstanceProfile(
+            id=int(info.id),
+            name=text(info.name),
+            slice_count=int(info.sliceCount),
+            instance_count=int(info.instanceCount),
+            multiprocessors=int(info.multiprocessorCount),
+            copy_engines=int(info.copyEngineCount),
+            decoders=int(info.decoderCount),
+            encoders=int(info.encoderCount),
+            jpeg_engines=int(info.jpegCount),
+            ofa_engines=int(info.ofaCount),
+            memory_mib=int(info.memorySizeMB),
+        )
+
+    def _gpu_instance_info(self, instance: Any) -> GpuInstance:
+        info = self._call("nvmlGpuInstanceGetInfo", instance)
+        placement = Placement(int(info.placement.start), int(info.placement.size))
+        return GpuInstance(id=int(info.id), profile_id=int(info.profileId), placement=placement)
+
+    def gpu_instances(self, handle: Handle, profile_id: int) -> tuple[GpuInstance, ...]:
+        """The GPU instances of GI profile `profile_id` that exist on the GPU."""
+        array = (self._nvml.c_nvmlGpuInstance_t * _MAX_INSTANCES)()
+        count = ctypes.c_uint(0)
+        self._call("nvmlDeviceGetGpuInstances", handle, profile_id, array, ctypes.byref(count))
+        return tuple(self._gpu_instance_info(array[i]) for i in range(count.value))
+
+    def mig_devices(self, handle: Handle) -> tuple[MigDevice, ...]:
+        """Every MIG device of the GPU (a compute instance in a GPU instance) and its UUID."""
+        found: list[MigDevice] = []
+        for index in range(int(self._call("nvmlDeviceGetMaxMigDeviceCount", handle))):
+            try:
+                mig = self._call("nvmlDeviceGetMigDeviceHandleByIndex", handle, index)
+            except NVMLCallError as exc:
+                if exc.code == ERROR_NOT_FOUND:
+                    continue  # an empty slot
+                raise
+            found.append(
+                MigDevice(
+                    uuid=self.uuid(mig),
+                    gpu_instance=int(self._call("nvmlDeviceGetGpuInstanceId", mig)),
+                    compute_instance=int(self._call("nvmlDeviceGetComputeInstanceId", mig)),
+                )
+            )
+        return tuple(found)

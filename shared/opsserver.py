@@ -1,6 +1,7 @@
 """The ops endpoint of an agent: `/metrics` (Prometheus), `/healthz` (liveness), `/readyz`.
 
-`/metrics` also carries the process-level `dra_asyncio_tasks` gauge of the serving loop.
+`/metrics` also carries the process-level `dra_asyncio_tasks` gauge of the serving loop and
+`dra_agent_ready`, the readiness `/readyz` would answer at the time of the scrape.
 
 Liveness answers from the event loop itself, so a wedged loop fails it; named liveness checks
 add what else must hold (e.g. the kubelet sockets still exist). Readiness is the agent's `ready`
@@ -69,6 +70,8 @@ class OpsServer:
             await runner.cleanup()
 
     async def _metrics(self, _: web.Request) -> web.Response:
+        # `dra_agent_ready`: what /readyz would answer now, for alerts on agents not ready.
+        metrics.report_ready(self.ready.is_set() and not await _outcomes(self.readiness))
         body = await asyncio.to_thread(metrics.render)
         return web.Response(body=body, headers={"Content-Type": metrics.CONTENT_TYPE})
 

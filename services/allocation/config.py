@@ -20,6 +20,7 @@ from shared.config import (
     setting,
 )
 from shared.errors import ConfigError
+from shared.vendors import registry
 
 __all__ = [
     "BACKENDS",
@@ -36,7 +37,7 @@ KUBELET_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
 KUBELET_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 KUBELET_DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 KUBELET_APIS = ("dra", "device-plugin")
-BACKENDS = ("sim", "nvml", "ascend")
+BACKENDS = registry.NAMES
 DEVICE_METADATA_MODES = ("auto", "on", "off")
 """`--device-metadata`: auto is on where the API server is Kubernetes 1.36 or newer."""
 """The device backends, as the discovery agent's `--backend` names them."""
@@ -54,6 +55,13 @@ CRASH_STEPS = (
     "cdi-written",
     "prepare-completed",
     "unprepare-cdi-removed",
+    # A claim for a virtual machine (docs/vfio.md), in the binder's order.
+    "vfio-recorded",
+    "vfio-override-set",
+    "vfio-unbound",
+    "vfio-bound",
+    "unprepare-vfio-override-restored",
+    "unprepare-vfio-unbound",
 )
 """Fault-injection points of `crash_at`, in the order a prepare/unprepare reaches them."""
 
@@ -191,6 +199,13 @@ class AllocationConfig:
         "status.devices (KEP-4817).",
     )
     """Off: the agent never writes claim status (then its RBAC needs no status grant)."""
+    sysfs_root: Path = setting(
+        Path("/sys"),
+        flag="--sysfs-root",
+        help="Where sysfs is, for binding devices to vfio-pci (passthrough: vfio). sim: a sim "
+        "tree other than /sys, whose kernel the agent plays; without one, no passthrough.",
+    )
+    """nvml/ascend write to it (the container needs /sys writable, docs/vfio.md)."""
     crash_at: str = ""
     """Fault-injection seam for the kill -9 tests, never a flag: `cli` fills it from the env var
     `DRA_SUITE_CRASH_AT` and the preparer exits the process (code 137) at that step."""
@@ -198,10 +213,7 @@ class AllocationConfig:
     def __post_init__(self) -> None:
         if not self.node_name:
             raise ConfigError("node name must not be empty", field="node_name")
-        if self.backend not in BACKENDS:
-            raise ConfigError(
-                f"backend {self.backend!r} is not one of {', '.join(BACKENDS)}", field="backend"
-            )
+        registry.require(self.backend)
         for field in ("node_name", "driver_name"):
             value = getattr(self, field)
             if len(value) > 253 or not _DNS_SUBDOMAIN.match(value):
@@ -332,6 +344,11 @@ class AllocationConfig:
     def mps_dir(self) -> Path:
         """One directory per claim with an MPS daemon: its pipe and log (`mps.daemons`)."""
         return self.data_dir / "mps"
+
+    @property
+    def vfio_ledger_path(self) -> Path:
+        """The PCI functions bound to vfio-pci and their original drivers (`vfio.ledger`)."""
+        return self.data_dir / "vfio-bindings.json"
 
     @property
     def inventory_path(self) -> Path:

@@ -1,6 +1,8 @@
-"""The allocation agent's metrics: per-claim prepare/unprepare latency by outcome, the
-number of prepared claims, container edits refused by the backend's allowlist, and inventories
-quarantined by the sanity rules. Exposed at the agent's /metrics (shared/metrics.py)."""
+"""The allocation agent's metrics: per-claim prepare/unprepare latency by outcome, failed
+prepares and unprepares, the number of prepared claims, container edits refused by the
+backend's allowlist, and inventories quarantined by the sanity rules. Exposed at the agent's
+/metrics (shared/metrics.py). The failure and quarantine counters are exported at 0 from the
+start (`metrics.export_at_zero`), so the alert rules see their first event."""
 
 from __future__ import annotations
 
@@ -10,9 +12,10 @@ from typing import TypeVar
 
 from opentelemetry.metrics import CallbackOptions, Histogram, Observation
 
-from shared import metrics
+from shared import inventory_sanity, metrics
 
 __all__ = [
+    "CLAIM_FAILURES",
     "INVENTORY_REJECTED",
     "PREPARE_SECONDS",
     "REJECTED_EDITS",
@@ -39,6 +42,8 @@ UNPREPARE_SECONDS = _meter.create_histogram(
     explicit_bucket_boundaries_advisory=_BUCKETS_S,
 )
 
+_OPERATIONS = {id(PREPARE_SECONDS): "prepare", id(UNPREPARE_SECONDS): "unprepare"}
+
 REJECTED_EDITS = _meter.create_counter(
     "dra_prepare_rejected_edits",
     unit="1",
@@ -53,10 +58,24 @@ INVENTORY_REJECTED = _meter.create_counter(
     "another backend than the node's own (the last good one stayed in force), by reason: "
     "empty, generation_backwards, generation_reused, backend_changed, backend_mismatch.",
 )
+# inventory_cache.BACKEND_MISMATCH (that module imports this one).
+metrics.export_at_zero(
+    INVENTORY_REJECTED,
+    *({"reason": reason} for reason in (*inventory_sanity.REASONS, "backend_mismatch")),
+)
+
+CLAIM_FAILURES = _meter.create_counter(
+    "dra_claim_failures",
+    unit="1",
+    description="Claims whose prepare or unprepare failed (the outcome=error observations of "
+    "the duration histograms), by operation; exported at 0 from the start.",
+)
+metrics.export_at_zero(CLAIM_FAILURES, {"operation": "prepare"}, {"operation": "unprepare"})
 
 
 async def timed(histogram: Histogram, step: Awaitable[T]) -> T:
-    """Await one claim's step and record its duration with outcome ok or error."""
+    """Await one claim's step and record its duration with outcome ok or error (an error of
+    a prepare or unprepare also counts in `dra_claim_failures`)."""
     start = time.perf_counter()
     outcome = "error"
     try:
@@ -65,6 +84,9 @@ async def timed(histogram: Histogram, step: Awaitable[T]) -> T:
         return result
     finally:
         histogram.record(time.perf_counter() - start, {"outcome": outcome})
+        operation = _OPERATIONS.get(id(histogram))
+        if outcome == "error" and operation is not None:
+            CLAIM_FAILURES.add(1, {"operation": operation})
 
 
 def observe_prepared_claims(count: Callable[[], int]) -> None:

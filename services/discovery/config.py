@@ -17,10 +17,11 @@ from shared.config import (
     setting,
 )
 from shared.errors import ConfigError
+from shared.vendors import registry
 
 __all__ = ["BACKENDS", "KUBELET_API_LABEL", "PUBLISH_SLICES_MODES", "DiscoveryConfig"]
 
-BACKENDS = ("sim", "nvml", "ascend")
+BACKENDS = registry.NAMES
 KUBELET_API_LABEL = "dra-suite.io/kubelet-api"
 """Node label naming the node's kubelet front: `device-plugin`, or absent/`dra` for DRA."""
 PUBLISH_SLICES_MODES = ("true", "false", "auto")
@@ -130,10 +131,7 @@ class DiscoveryConfig:
                 f"{', '.join(PUBLISH_SLICES_MODES)}",
                 field="publish_slices",
             )
-        if self.backend not in BACKENDS:
-            raise ConfigError(
-                f"backend {self.backend!r} is not one of {', '.join(BACKENDS)}", field="backend"
-            )
+        registry.require(self.backend)
         for name in ("rescan_interval_s", "backend_timeout_s", "backend_poll_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive", field=name)

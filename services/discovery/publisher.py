@@ -6,7 +6,9 @@ is read back and rewritten if it was lost. NATS being down is retried with backo
 `guard()` watches the key: when it holds anything but the last published inventory (forged,
 damaged, deleted), that inventory is put back under a generation above the foreign one, so
 consumers that adopted it move on; logged with `security=true`, counted in
-`dra_inventory_reasserted_total`. With `unpublished` (the slice reconciler's devices left out
+`dra_inventory_reasserted_total`. With `--bus-signatures` on, an entry on the key that this agent
+did not sign (what a redirected 404 leaves, another node's value) is refused by the Bus and put
+back at once too (reason `rejected`). With `unpublished` (the slice reconciler's devices left out
 of the slices), those devices carry `Device.unpublished` in the KV value, and a change of that
 set is a content change like any other.
 """
@@ -138,23 +140,23 @@ class InventoryPublisher:
         `run()` likewise, after the reconnect.
         """
         bucket = self.bus.names.inventory_bucket
-        async for change in kv.watch(self.bus, bucket=bucket, keys=self.key):
+        async for change in kv.watch(self.bus, bucket=bucket, keys=self.key, rejected=True):
             if change.synced or change.key != self.key:
                 continue
             try:
                 async with self._writing:
-                    await self._reassert(bucket)
+                    await self._reassert(bucket, rejected=bool(change.rejected))
                 reraise_if_cancelling()
             except BusUnavailableError as exc:
                 log.warning("inventory_reassert_failed", key=self.key, error=str(exc))
 
-    async def _reassert(self, bucket: str) -> None:
+    async def _reassert(self, bucket: str, *, rejected: bool = False) -> None:
         published = self._stored
         if published is None or self._checked_epoch != self.bus.epoch:
             return  # run() has yet to read the key on this connection, and will set it right
         data = await self.bus.kv_get(bucket, self.key)
         found = _decoded(data)
-        if found == published:
+        if found == published and not rejected:
             return
         restored = inventory_pb2.Inventory()
         restored.CopyFrom(published)
@@ -163,6 +165,8 @@ class InventoryPublisher:
         await self.bus.kv_put(bucket, self.key, codec.encode(restored))
         self._stored, self._highest = restored, restored.generation
         reason = "deleted" if data is None else "unreadable" if found is None else "differs"
+        if rejected and (data is None or found == published):
+            reason = "rejected"  # not signed by us: refused by the Bus, or taken unsigned
         instruments.INVENTORY_REASSERTED.add(1, {"reason": reason})
         log.warning(
             "inventory_reasserted",

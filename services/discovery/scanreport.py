@@ -61,6 +61,7 @@ class ScanReporter:
         self._outage: _Outage | None = None
         self._ended: deque[_Outage] = deque()
         self._wake = asyncio.Event()
+        instruments.export_scans_at_zero(backend)
 
     @property
     def failing(self) -> bool:

@@ -21,6 +21,7 @@ from nats.js.kv import KeyValue
 
 from shared.bus import codec
 from shared.bus.connection import Bus
+from shared.bus.kv import checked as checked_bucket
 from shared.bus.subjects import token
 from shared.errors import BusUnavailableError, DraSuiteError, MalformedMessageError
 from shared.pb.drasuite.v1 import alert_pb2, claim_pb2, health_pb2, inventory_pb2
@@ -65,7 +66,7 @@ def to_stderr(exc: MalformedMessageError) -> None:
 async def _bind(bus: Bus, bucket: str) -> KeyValue | None:
     """The bucket if it exists; never creates it (read-only commands leave no trace)."""
     try:
-        return await bus.js.key_value(bucket)
+        return checked_bucket(bus, bucket, await bus.js.key_value(bucket))
     except nats.js.errors.BucketNotFoundError:
         return None
     except (nats.errors.Error, TimeoutError) as exc:
@@ -299,8 +300,18 @@ async def alerts(
                     continue
                 return
             pending -= 1
+            check = bus.check_message(msg)
+            if not check.ok:  # not signed by the node of its subject (signatures on)
+                refused = f"{msg.subject}: {check.reason}"
+                skipped(MalformedMessageError(refused, subject=msg.subject))
+                continue
             try:
                 alert = codec.decode_json(alert_pb2.Alert, msg.data, subject=msg.subject)
+                if check.writer is not None and token(alert.node) != token(check.writer.node):
+                    raise MalformedMessageError(  # an alert's node is its signer's node
+                        f"{msg.subject}: an alert of node {alert.node[:64]!r} signed by "
+                        f"{check.writer.node[:64]!r}", subject=msg.subject,
+                    )  # fmt: skip
             except MalformedMessageError as exc:  # one bad message must not end the listing
                 skipped(exc)
                 continue

@@ -2,8 +2,9 @@
 
 Tasks: bus-connector, device-watcher (the monitor under its watchdog), inventory-watcher
 (partition topology), health-evaluator (the policy loop), taint-writer, drain-control,
-event-writer, claim-watcher (the node's prepared claims, for pod Events), pod-event-writer,
-alert-publisher and (with `--alert-webhook-url`) alert-webhook. No domain logic lives here.
+event-writer, claim-watcher (the node's prepared claims: pod Events, devices passed through to
+VMs), pod-event-writer, alert-publisher and (with `--alert-webhook-url`) alert-webhook. No domain
+logic lives here.
 """
 
 from __future__ import annotations
@@ -129,6 +130,10 @@ class HealthAgent:
         """The inventory's MIG partition of `gpu` at that GPU-instance profile and placement."""
         return self.evaluator.topology.gpu_instances.get((gpu, profile_id, placement_start))
 
+    def _claims_changed(self) -> None:
+        """The node's prepared claims changed: the devices passed through to VMs may have."""
+        self.evaluator.set_passthrough(self.prepared_claims.passthrough())
+
     def _ignored(self, fault: Fault) -> bool:
         """Whether the policy ignores `fault` (so a monitor never lets it hide a real one)."""
         return rules.classify(cause=fault.cause, code=fault.code, rules=self.rules) is None
@@ -211,6 +216,7 @@ class HealthAgent:
                 claims=self.prepared_claims,
                 driver=self.config.driver_name,
                 node=self.config.node_name,
+                changed=self._claims_changed,
             ),
             "pod-event-writer": self.pod_events.run(),
             "alert-publisher": self.alerts.run(),

@@ -6,10 +6,12 @@ of MIG partitions). `attribute()` turns a monitor's view into the view the polic
 partition with a fault of its own keeps it (so it alone is tainted for it); a partition of a
 faulty parent gets the parent's fault; a partition of a parent the monitor cannot see is
 unknown too; partitions the monitor does not report (NVML sees whole GPUs) are added.
+`with_partitions()` names the partitions a device passed through to a VM takes with it.
 
 MIG partitions are placements: the discovery agent names them
-`<gpu>-mig-<profile>-<GI profile ID>-<placement start>` (as NVIDIA's driver does, docs/hardware.md
-1.3), with `parent` (or the GPU's counter set) naming the GPU and `placementStart` the start.
+`<gpu>-mig-<profile>-<GI profile ID>-<placement start>` (`shared.vendors.nvidia.naming`, as
+NVIDIA's driver does, docs/hardware.md 1.3), whether the MIG device exists or is made when a
+claim gets it, with `parent` (or the GPU's counter set) naming the GPU.
 The GPU-instance ID an NVML event carries is the driver's, given when the instance is made,
 so it is in no inventory: the nvml monitor asks NVML for that instance's profile and placement
 and finds the partition in `Topology.gpu_instances`.
@@ -17,18 +19,17 @@ and finds the partition in `Topology.gpu_instances`.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from services.health.observation import Observation
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors.nvidia import naming
 
-__all__ = ["Topology", "attribute", "topology"]
+__all__ = ["Topology", "attribute", "topology", "with_partitions"]
 
 _MAX_DEPTH = 8
-_MIG_SLOT = re.compile(r"-mig-.+-(\d+)-(\d+)$")
 _MIG_KIND = "mig"
 
 
@@ -78,19 +79,13 @@ def topology(inventory: inventory_pb2.Inventory | None) -> Topology:
     instances = {
         (parent, *slot): name
         for name, parent in parents.items()
-        if kinds.get(name) == _MIG_KIND and (slot := _mig_slot(name, parent)) is not None
+        if kinds.get(name) == _MIG_KIND and (slot := naming.mig_slot(name, parent)) is not None
     }
     return Topology(
         devices=names,
         parents=MappingProxyType(parents),
         gpu_instances=MappingProxyType(instances),
     )
-
-
-def _mig_slot(name: str, parent: str) -> tuple[int, int] | None:
-    """(GI profile ID, placement start) of a MIG partition named after `parent`."""
-    match = _MIG_SLOT.match(name, len(parent)) if name.startswith(parent) else None
-    return (int(match.group(1)), int(match.group(2))) if match is not None else None
 
 
 def _inherited(own: Observation, parent: Observation, parent_name: str) -> Observation:
@@ -126,3 +121,17 @@ def attribute(observations: Iterable[Observation], topology: Topology) -> tuple[
 
     ordered = list(seen) + [d for d in topology.devices if d not in seen]
     return tuple(o for o in (resolve(d) for d in ordered) if o is not None)
+
+
+def with_partitions(devices: Collection[str], topology: Topology) -> frozenset[str]:
+    """`devices` and every partition carved from one of them (at any depth): what a device
+    passed through to a virtual machine takes with it."""
+    found = set(devices)
+    for partition in topology.parents:
+        above, depth = topology.parents.get(partition), 0
+        while above is not None and depth < _MAX_DEPTH:
+            if above in devices:
+                found.add(partition)
+                break
+            above, depth = topology.parents.get(above), depth + 1
+    return frozenset(found)

@@ -19,10 +19,11 @@ from shared.config import (
     setting,
 )
 from shared.errors import ConfigError
+from shared.vendors import registry
 
 __all__ = ["EFFECTS", "MONITORS", "TAINT_TARGETS", "HealthConfig"]
 
-MONITORS = ("sim", "nvml", "ascend")
+MONITORS = registry.NAMES
 EFFECTS = ("NoSchedule", "NoExecute", "None")
 TAINT_TARGETS = ("rule", "slice")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -208,10 +209,7 @@ class HealthConfig:
     """Alertmanager resolves an alert not re-sent within its resolve_timeout (default 5 min)."""
 
     def __post_init__(self) -> None:
-        if self.monitor not in MONITORS:
-            raise ConfigError(
-                f"monitor {self.monitor!r} is not one of {', '.join(MONITORS)}", field="monitor"
-            )
+        registry.require(self.monitor, field="monitor")
         if len(self.driver_name) > 63 or not _DNS_SUBDOMAIN.match(self.driver_name):
             raise ConfigError(
                 f"driver name {self.driver_name!r} is not a DNS subdomain of at most 63 characters",

@@ -6,6 +6,13 @@ poll interval (so recovery holds end on time). Parents' faults reach their parti
 a `health.evaluate_fault` span: the KV record, the taint, the Node Event and the alert. Each
 record carries every taint the device should have now (`record_taints`): its fault taint and
 its drain; a drain or undrain wakes the evaluator (`wake()`) so the record follows at once.
+A faulty device that is no longer reported (it left, or an earlier run named it otherwise)
+loses its record and taint and gets a RESOLVED alert that says it was withdrawn.
+
+Devices passed through to virtual machines (`set_passthrough`, from the node's prepared claims)
+and the partitions carved from them are PASSTHROUGH (`policy.judge`): not judged by the monitor,
+and kept when the monitor no longer reports them (it loses a device bound to vfio-pci). Until the
+claims are first known, the devices an earlier run recorded as passed through stay so.
 """
 
 from __future__ import annotations
@@ -13,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 import structlog
 from opentelemetry import context as otel_context
@@ -23,9 +31,9 @@ from services.health import alerts, attribution, events, policy, record_taints
 from services.health.alerts import AlertPublisher
 from services.health.attribution import Topology
 from services.health.events import DeviceEvent, NodeEventWriter
-from services.health.observation import Observations
+from services.health.observation import Observation, Observations
 from services.health.pod_events import PodEventWriter
-from services.health.policy import DeviceState, PolicySettings, Taint, Verdict
+from services.health.policy import DeviceState, Health, PolicySettings, Taint, Verdict
 from services.health.record_taints import TaintTimes
 from services.health.recorder import HealthRecorder, state_from_record, to_record
 from services.health.taints import TaintWriter
@@ -69,7 +77,11 @@ class HealthEvaluator:
         self._states: dict[str, DeviceState] = {}
         self._pool = node
         self._seeded = False
+        self._seed_failed = False
         self._taint_times = TaintTimes()
+        self._passthrough: frozenset[tuple[str, str]] | None = None
+        """(pool, device) passed through to VMs by the node's prepared claims; None: not known
+        yet."""
         self._wake = asyncio.Event()
         self.evaluations = 0
 
@@ -90,6 +102,20 @@ class HealthEvaluator:
         """The monitor's sink: keep the newest view and evaluate at once."""
         self._latest = observations
         self._wake.set()
+
+    def set_passthrough(self, devices: Iterable[tuple[str, str]]) -> None:
+        """The devices, as (pool, device), the node's prepared claims pass through to virtual
+        machines now (all of them, once the claims were read); evaluate at once on a change."""
+        found = frozenset(devices)
+        if found != self._passthrough:
+            self._passthrough = found
+            self._wake.set()
+
+    def _passed_through(self, pool: str) -> frozenset[str]:
+        if self._passthrough is not None:
+            return frozenset(d for p, d in self._passthrough if p == pool)
+        # The claims are not known yet (the agent just started): what an earlier run recorded.
+        return frozenset(d for d, s in self._states.items() if s.health is Health.PASSTHROUGH)
 
     def set_topology(self, topology: Topology) -> None:
         """Which devices are partitions of which (from the inventory); evaluate at once."""
@@ -118,8 +144,15 @@ class HealthEvaluator:
         if not self._seeded:
             await self._seed()
         now = self._clock()
-        devices = attribution.attribute(observations.devices, self._topology)
-        evaluation = policy.evaluate(devices, self._states, now=now, settings=self._settings)
+        claimed = self._passed_through(observations.pool)
+        devices = attribution.attribute(
+            (*observations.devices, *self._unreported(observations, claimed)), self._topology
+        )
+        passthrough = attribution.with_partitions(claimed, self._topology)
+        evaluation = policy.evaluate(
+            devices, self._states, now=now, settings=self._settings, passthrough=passthrough
+        )
+        self._log_passthrough(evaluation.states())
         self._states, self._pool = evaluation.states(), observations.pool
         self._recorder.set(self._records(now))
         contexts: dict[str, Context] = {}
@@ -132,29 +165,63 @@ class HealthEvaluator:
                 )
         for state in evaluation.gone:
             log.info("device_left", node=self._node, device=state.device)
+            if state.fault is not None:
+                self._withdraw(state, now=now)
         taints = {d: s.taint for d, s in self._states.items() if s.taint is not None}
         self._taints.want(taints, pool=self._pool, contexts=contexts)
         await self._recorder.flush()
         self.evaluations += 1
 
+    def _unreported(
+        self, observations: Observations, claimed: frozenset[str]
+    ) -> tuple[Observation, ...]:
+        """Passed-through devices the monitor no longer reports (NVML loses a GPU bound to
+        vfio-pci): kept, not gone. Only devices this node has (judged before, or in the
+        inventory), so that a claim cannot add one."""
+        seen = {o.device for o in observations.devices}
+        known = set(self._states) | set(self._topology.devices)
+        return tuple(
+            Observation(device=d, unknown=True) for d in sorted(claimed - seen) if d in known
+        )
+
+    def _log_passthrough(self, states: dict[str, DeviceState]) -> None:
+        for device, state in states.items():
+            before = self._states.get(device)
+            was = before is not None and before.health is Health.PASSTHROUGH
+            passed = state.health is Health.PASSTHROUGH
+            if passed and not was:
+                log.info("device_passed_through", node=self._node, device=device)
+            elif was and not passed:
+                log.info("device_passthrough_ended", node=self._node, device=device)
+
     async def _seed(self) -> None:
-        """Start from the records an earlier run left, so faults and `since` carry over."""
+        """Start from the records an earlier run left, so faults and `since` carry over.
+
+        While NATS cannot list them (the agent starts before it connects) evaluation goes on
+        and the next one tries again; records that come late add only the devices not judged
+        since (so a device an earlier run named, and this one does not report, is withdrawn).
+        """
         try:
             existing = await self._recorder.existing()
         except BusUnavailableError as exc:
-            log.warning("health_records_unreadable", node=self._node, error=str(exc))
-            existing = {}
+            if not self._seed_failed:
+                log.warning("health_records_unreadable", node=self._node, error=str(exc))
+            self._seed_failed = True
+            return
         now = self._clock()
-        self._states = {
-            d: state_from_record(r, now=now) for d, r in existing.items() if r.device == d
+        loaded = {
+            d: state_from_record(r, now=now)
+            for d, r in existing.items()
+            if r.device == d and d not in self._states
         }
+        self._states = {**loaded, **self._states}
         for device, record in existing.items():
             if record.device == device:
                 self._taint_times.seed(device, record.taints)
                 self._taints.restore(device, map(record_taints.from_record, record.taints))
         self._seeded = True
-        if self._states:
-            log.info("health_records_loaded", node=self._node, devices=len(self._states))
+        if loaded:
+            log.info("health_records_loaded", node=self._node, devices=len(loaded))
 
     def _records(self, now: float) -> dict[str, health_pb2.DeviceHealth]:
         driver = self._settings.driver
@@ -230,6 +297,30 @@ class HealthEvaluator:
             taint=self._taints.applied(state.taint),
         )
         self._alerts.publish(alert, context=context)
+
+    def _withdraw(self, gone: DeviceState, *, now: float) -> None:
+        """Close the fault of a device no longer reported (it left the inventory, or an
+        earlier run named it differently: the Ascend names before they were discovery's).
+        Its record and taint rule go with it (`_records`, `want`); the RESOLVED alert says so."""
+        fault = gone.fault
+        assert fault is not None
+        log.warning(
+            "device_fault_withdrawn", node=self._node, device=gone.device, cause=fault.cause
+        )
+        note = "withdrawn: the device is no longer reported on this node"
+        message = f"{fault.message} ({note})" if fault.message else note
+        with tracer.start_as_current_span(
+            "health.withdraw_fault", attributes={"device": gone.device, "node": self._node}
+        ):
+            alert = alerts.resolved(
+                replace(gone, fault=replace(fault, message=message)),
+                driver=self._settings.driver,
+                node=self._node,
+                pool=self._pool,
+                taint=self._taints.applied(gone.taint),
+                now=now,
+            )
+            self._alerts.publish(alert, context=otel_context.get_current())
 
     def _resolve(self, old: DeviceState, *, now: float, context: Context) -> None:
         fault = old.fault

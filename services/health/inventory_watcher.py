@@ -33,6 +33,7 @@ async def inventory_watcher(
     key = bus.names.inventory_key(driver, node)
     # Kept across deletions: a delete followed by an older inventory is still going backwards.
     last: inventory_pb2.Inventory | None = None
+    last_signed = False
     async for change in kv.watch(bus, bucket=bus.names.inventory_bucket, keys=key):
         if change.synced or change.key != key:
             continue
@@ -48,7 +49,10 @@ async def inventory_watcher(
             owner = f"{inventory.driver[:64]!r}/{inventory.node[:64]!r}"
             log.warning("inventory_malformed", node=node, error=f"{key}: inventory of {owner}")
             continue
-        if (reason := inventory_sanity.problem(inventory, last=last)) is not None:
+        problem = inventory_sanity.problem(
+            inventory, last=last, signed=change.signed, last_signed=last_signed
+        )
+        if (reason := problem) is not None:
             instruments.INVENTORY_REJECTED.add(1, {"reason": reason})
             log.warning(
                 "inventory_quarantined",
@@ -59,7 +63,7 @@ async def inventory_watcher(
                 devices=len(inventory.devices),
             )
             continue
-        last = inventory
+        last, last_signed = inventory, change.signed
         topology = attribution.topology(inventory)
         log.debug("topology_seen", node=node, partitions=len(topology.parents))
         sink(topology)

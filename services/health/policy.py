@@ -5,6 +5,11 @@ picks the effect and whether the device is UNHEALTHY (fatal, transient) or stays
 (informational); ignored codes are no fault. A device the monitor cannot see is UNKNOWN and,
 unless a fault's taint already excludes it, gets the `<driver>/unmonitored` taint.
 
+A device passed through to a virtual machine (bound to vfio-pci by a prepared claim, docs/vfio.md)
+is not judged by its monitor, which loses it with its host driver: it is PASSTHROUGH, without a
+taint, until the claim is unprepared; then the monitor's view counts again. A fault in force when
+it was passed through stays, with its taint; an `unmonitored` one ends (see `judge`).
+
 Damping: a device that looks healthy again keeps its taint until it has stayed healthy for
 the recovery hold; and apart from a first taint (never delayed), a device's taint changes at
 most once per flap window: a change that comes sooner waits (`deferred`) for the window.
@@ -15,7 +20,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from services.health.observation import Fault, Observation
@@ -23,6 +28,7 @@ from services.health.rules import ClassRule, FaultRules, classify, default_rules
 
 __all__ = [
     "MESSAGE_MAX",
+    "PASSTHROUGH",
     "UNMONITORED",
     "DeviceState",
     "Evaluation",
@@ -43,6 +49,8 @@ __all__ = [
 MESSAGE_MAX = 1024
 UNMONITORED = "unmonitored"
 """Cause of the fault a device gets while its monitor fails or hangs."""
+PASSTHROUGH = "passthrough"
+"""Cause a health record gives a device passed through to a virtual machine (no fault)."""
 _INVALID = re.compile(r"[^A-Za-z0-9_.-]+")
 _EDGES = re.compile(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$")
 
@@ -51,6 +59,8 @@ class Health(enum.Enum):
     HEALTHY = "healthy"
     UNHEALTHY = "unhealthy"
     UNKNOWN = "unknown"
+    PASSTHROUGH = "passthrough"
+    """Bound to vfio-pci for a virtual machine: neither healthy nor unmonitored, not judged."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -171,9 +181,17 @@ def _ignored(fault: Fault, settings: PolicySettings) -> bool:
 
 
 def judge(
-    observation: Observation, prior: DeviceState | None, *, now: float, settings: PolicySettings
+    observation: Observation,
+    prior: DeviceState | None,
+    *,
+    now: float,
+    settings: PolicySettings,
+    passthrough: bool = False,
 ) -> Verdict:
-    """The verdict for one device, damped by the flap window."""
+    """The verdict for one device, damped by the flap window; `passthrough`: the device is
+    passed through to a virtual machine now (`observation` is then not judged)."""
+    if passthrough:
+        return _passed_through(observation.device, prior, now)
     fault = observation.fault
     if observation.unknown:
         verdict = _unknown(observation, prior, now, settings)
@@ -194,6 +212,29 @@ def _damped(verdict: Verdict, prior: DeviceState | None, now: float, s: PolicySe
     healthy = verdict.state.health is Health.HEALTHY and verdict.state.fault is None
     healthy_since = (prior.healthy_since or now) if healthy else None
     return Verdict(state=replace(prior, healthy_since=healthy_since, deferred=True))
+
+
+def _passed_through(device: str, prior: DeviceState | None, now: float) -> Verdict:
+    """A device passed through to a virtual machine: what its monitor says of it (or does not)
+    is no evidence either way. A fault in force stays, with its taint: not seeing the device is
+    no sign that it recovered (no recovery hold runs meanwhile). An `unmonitored` fault ends, at
+    once whatever the flap window: the pass-through explains it (the monitor loses the device
+    when it leaves its driver, before this agent learns of the claim), and its taint must not
+    stay on a device a VM uses. Otherwise the device is PASSTHROUGH, without a taint."""
+    if prior is not None and prior.fault is not None and prior.fault.cause != UNMONITORED:
+        return Verdict(state=replace(prior, healthy_since=None, deferred=False))
+    if prior is not None and prior.health is Health.PASSTHROUGH:
+        return Verdict(state=prior)
+    old = prior.taint if prior is not None else None
+    changed = prior.taint_changed if prior is not None else float("-inf")
+    state = DeviceState(
+        device=device,
+        health=Health.PASSTHROUGH,
+        since=now,
+        taint_changed=now if old is not None else changed,
+    )
+    resolved = prior if prior is not None and prior.fault is not None else None
+    return Verdict(state=state, resolved=resolved, remove=old)
 
 
 def _unknown(
@@ -276,10 +317,19 @@ def evaluate(
     *,
     now: float,
     settings: PolicySettings,
+    passthrough: Collection[str] = frozenset(),
 ) -> Evaluation:
-    """Verdicts for every observed device; devices known before but not observed are `gone`."""
+    """Verdicts for every observed device; devices known before but not observed are `gone`.
+    `passthrough`: the devices passed through to virtual machines now (`judge`)."""
     verdicts = tuple(
-        judge(o, prior.get(o.device), now=now, settings=settings) for o in observations
+        judge(
+            o,
+            prior.get(o.device),
+            now=now,
+            settings=settings,
+            passthrough=o.device in passthrough,
+        )
+        for o in observations
     )
     seen = {v.state.device for v in verdicts}
     gone = tuple(state for device, state in sorted(prior.items()) if device not in seen)

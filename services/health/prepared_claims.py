@@ -1,15 +1,17 @@
 """The claims prepared on this node, from the prepared-claims KV (`dra_claims`, written by the
-allocation agent): which pods use a device, for pod Events.
+allocation agent): which pods use a device, for pod Events, and which devices are passed through
+to virtual machines (`DEVICE_PASSTHROUGH_VFIO`), which the evaluator does not judge.
 
 Only this node's keys are watched (`Names.claim_keys`), so no other node's claims and no
 cluster-wide ResourceClaim list are needed. The `claim-watcher` task mirrors the keys into a
 `PreparedClaims` view; a value that does not decode, or names another driver, node or claim
 than its key, is logged and skipped. After each replay, keys that no longer exist are dropped.
+`changed` is called once the first replay is complete and after every change since.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import structlog
 
@@ -28,6 +30,8 @@ class PreparedClaims:
 
     def __init__(self) -> None:
         self._claims: dict[str, claim_pb2.PreparedClaim] = {}
+        self.synced = False
+        """True once a replay of the node's keys was complete: `passthrough()` is then whole."""
 
     def put(self, uid: str, claim: claim_pb2.PreparedClaim) -> None:
         self._claims[uid] = claim
@@ -40,24 +44,49 @@ class PreparedClaims:
         for uid in [u for u in self._claims if u not in keep]:
             del self._claims[uid]
 
+    def passthrough(self) -> frozenset[tuple[str, str]]:
+        """The devices, as (pool, device), that prepared claims pass through to VMs."""
+        return frozenset(
+            (d.pool, d.device)
+            for c in self._claims.values()
+            for d in c.devices
+            if d.passthrough == claim_pb2.DEVICE_PASSTHROUGH_VFIO
+        )
+
     def claims(self) -> list[claim_pb2.PreparedClaim]:
         """In a stable order (namespace, name), so that attribution is deterministic."""
         return sorted(self._claims.values(), key=lambda c: (c.namespace, c.name, c.claim_uid))
 
 
-async def claim_watcher(bus: Bus, *, claims: PreparedClaims, driver: str, node: str) -> None:
-    """Eternal: keep `claims` equal to the node's keys in the prepared-claims KV."""
+async def claim_watcher(
+    bus: Bus,
+    *,
+    claims: PreparedClaims,
+    driver: str,
+    node: str,
+    changed: Callable[[], None] | None = None,
+) -> None:
+    """Eternal: keep `claims` equal to the node's keys in the prepared-claims KV; `changed`
+    (must not block) after the first complete replay and after every change since."""
     keys = bus.names.claim_keys(driver, node)
     prefix = keys.removesuffix("*")
     seen: set[str] = set()
+
+    def notify() -> None:
+        if changed is not None and claims.synced:
+            changed()
+
     async for change in kv.watch(bus, bucket=bus.names.claims_bucket, keys=keys):
         if change.synced:
             claims.retain(seen)  # the replay before this marker listed every key that exists
             seen = set()
+            claims.synced = True
+            notify()
             continue
         uid = change.key.removeprefix(prefix)
         if change.value is None:
             claims.remove(uid)
+            notify()
             continue
         seen.add(uid)
         try:
@@ -71,3 +100,4 @@ async def claim_watcher(bus: Bus, *, claims: PreparedClaims, driver: str, node: 
             log.error("prepared_claim_malformed", key=change.key, error=f"claim of {owner}")
             continue
         claims.put(uid, claim)
+        notify()

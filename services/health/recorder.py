@@ -4,6 +4,11 @@
 unchanged one about every `refresh_s`, at a jittered time so that a fleet started together does
 not rewrite together) and deletes records of devices that left. While NATS is down the wanted
 records simply wait for the next flush; after every (re)connect the node's keys are resynced.
+
+A device passed through to a virtual machine (`Health.PASSTHROUGH`) is recorded UNKNOWN with
+cause `passthrough` and code `vfio`, and no taint: the kubelet, which gets the record's state from
+the allocation agent, sees Unknown (the host cannot tell its health), and the cause tells it from
+an unmonitored device.
 """
 
 from __future__ import annotations
@@ -18,13 +23,19 @@ from typing import cast
 import structlog
 
 from services.health.observation import Fault
-from services.health.policy import DeviceState, Health, Taint
+from services.health.policy import PASSTHROUGH, DeviceState, Health, Taint
 from shared.bus import codec, kv
 from shared.bus.connection import Bus
 from shared.errors import BusUnavailableError, MalformedMessageError
 from shared.pb.drasuite.v1 import health_pb2
 
-__all__ = ["HealthRecorder", "state_from_record", "to_record"]
+__all__ = [
+    "PASSTHROUGH_CODE",
+    "PASSTHROUGH_MESSAGE",
+    "HealthRecorder",
+    "state_from_record",
+    "to_record",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -32,8 +43,18 @@ _STATES = {
     Health.HEALTHY: health_pb2.HEALTH_STATE_HEALTHY,
     Health.UNHEALTHY: health_pb2.HEALTH_STATE_UNHEALTHY,
     Health.UNKNOWN: health_pb2.HEALTH_STATE_UNKNOWN,
+    Health.PASSTHROUGH: health_pb2.HEALTH_STATE_UNKNOWN,
 }
-_HEALTH = {v: k for k, v in _STATES.items()}
+_HEALTH = {
+    health_pb2.HEALTH_STATE_HEALTHY: Health.HEALTHY,
+    health_pb2.HEALTH_STATE_UNHEALTHY: Health.UNHEALTHY,
+    health_pb2.HEALTH_STATE_UNKNOWN: Health.UNKNOWN,
+}
+PASSTHROUGH_CODE = "vfio"
+PASSTHROUGH_MESSAGE = (
+    "passed through to a virtual machine (bound to vfio-pci): the host does not monitor it "
+    "until its claim is unprepared"
+)
 
 
 def to_record(
@@ -48,8 +69,11 @@ def to_record(
     """The KV record of `state`; `taint` is the one actually applied (None if taints are off);
     `taints` every taint the agent wants on the device now (its fault taint, a drain)."""
     fault = state.fault
+    cause, code = (fault.cause, fault.code) if fault is not None else ("", "")
     message = fault.message if fault is not None else ""
-    if state.health is Health.UNKNOWN and not message:
+    if state.health is Health.PASSTHROUGH:
+        cause, code, message = PASSTHROUGH, PASSTHROUGH_CODE, PASSTHROUGH_MESSAGE
+    elif state.health is Health.UNKNOWN and not message:
         message = "device is not monitored"
     return health_pb2.DeviceHealth(
         driver=driver,
@@ -57,8 +81,8 @@ def to_record(
         pool=pool,
         device=state.device,
         state=_STATES[state.health],
-        cause=fault.cause if fault is not None else "",
-        code=fault.code if fault is not None else "",
+        cause=cause,
+        code=code,
         message=message,
         since_unix_ms=int(state.since * 1000),
         taint=str(taint) if taint is not None else "",
@@ -74,6 +98,9 @@ def state_from_record(record: health_pb2.DeviceHealth, *, now: float) -> DeviceS
     nothing derived from it (alert times, IDs) leaves the int64 range."""
     since = record.since_unix_ms / 1000 if 0 < record.since_unix_ms <= now * 1000 else now
     health = _HEALTH.get(record.state, Health.UNKNOWN)
+    if health is Health.UNKNOWN and record.cause == PASSTHROUGH:
+        # Passed through when the earlier run stopped: no fault; the claims say if it still is.
+        return DeviceState(device=record.device, health=Health.PASSTHROUGH, since=since)
     fault = Fault(cause=record.cause, code=record.code, message=record.message)
     faulty = health is not Health.HEALTHY and bool(record.cause)
     return DeviceState(

@@ -3,8 +3,9 @@
 Tasks: bus-connector, callout-responder (answers `$SYS.REQ.USER.AUTH`, opening sealed
 requests and sealing answers when an xkey is configured, once the revocation list is read),
 stream-provisioner (makes every stream of the app account through its own callout,
-`provisioner`), revocation-watcher (`revoker`) and, with a SYS user, sys-bus-connector (the
-connection that kicks a revoked node's clients). The replicas subscribe in
+`provisioner`), revocation-watcher (`revoker`), with a SYS user sys-bus-connector (the
+connection that kicks a revoked node's clients) and, with a certify key, writer-certifier (the
+`certifier` connection that certifies the agents' writer keys). The replicas subscribe in
 one queue group, so each request goes to one of them: every connect is reviewed once, and a
 second replica adds capacity. Requests are answered concurrently (at most `MAX_IN_FLIGHT`):
 after a NATS restart every agent reconnects at once, and one slow TokenReview must not hold
@@ -22,6 +23,7 @@ from nats.aio.msg import Msg
 from services.natsauth import instruments, keys
 from services.natsauth.apifetch import KubeFetch
 from services.natsauth.authorizer import Authorizer, Decision
+from services.natsauth.certifier import Certifier
 from services.natsauth.config import AuthServiceConfig
 from services.natsauth.identity import Policy
 from services.natsauth.keyset import IssuerKeys
@@ -59,6 +61,12 @@ class AuthService:
         sys_nats = config.sys_nats()
         self.sys_bus = Bus(sys_nats, name="dra-nats-auth-sys") if sys_nats is not None else None
         self.revoker: Revoker
+        certify_key = config.certify_key()
+        self.certifier = (
+            Certifier(config.nats, signer=certify_key, lifetime_s=config.certificate_s)
+            if certify_key is not None
+            else None
+        )
         self._reviewer = reviewer
         self._xkey = config.xkey()
         self.authorizer: Authorizer
@@ -107,6 +115,7 @@ class AuthService:
             audience=config.audience,
             issuer=config.issuer(),
             provisioner=self.provisioner.admits,
+            certifier=self.certifier.admits if self.certifier is not None else lambda _: False,
         )
         await opsserver.open_ops_server(
             config.ops, resources, ready=self.ready,
@@ -128,6 +137,8 @@ class AuthService:
         }
         if self.sys_bus is not None:
             tasks["sys-bus-connector"] = self.sys_bus.run()
+        if self.certifier is not None:
+            tasks["writer-certifier"] = self._certify_forever(self.certifier)
         for name, coro in tasks.items():
             tg.create_task(eternal(name, coro), name=name)
 
@@ -148,6 +159,10 @@ class AuthService:
     async def _provision_forever(self) -> None:
         await self.subscribed.wait()  # its own connection goes through this callout
         await self.provisioner.run(self.bus)
+
+    async def _certify_forever(self, certifier: Certifier) -> None:
+        await self.subscribed.wait()  # its own connection goes through this callout
+        await certifier.run()
 
     async def handle(self, msg: Msg) -> None:
         """nats-py calls this once per request, in order: hand it to a task and return."""

@@ -62,13 +62,15 @@ class Authorizer:
         local: LocalCheck,
         clock: Callable[[], float] = time.time,
         provisioner: Callable[[str], bool] = lambda token: False,
+        certifier: Callable[[str], bool] = lambda token: False,
         cache: ReviewCache | None = None,
         limiter: SourceLimiter | None = None,
         max_session_s: int = DEFAULT_MAX_SESSION_S,
         revoked: Callable[[str], bool] = lambda node: False,
     ) -> None:
-        """`provisioner` tells this process's own provisioning token (`provisioner`);
-        `revoked` tells a node whose bus identity an operator has cut."""
+        """`provisioner` tells this process's own provisioning token (`provisioner`),
+        `certifier` its certifying connection's (`certifier`); `revoked` tells a node whose bus
+        identity an operator has cut."""
         self._reviewer = reviewer
         self._policy = policy
         self._drivers = tuple(drivers)
@@ -78,6 +80,7 @@ class Authorizer:
         self._issuer = issuer
         self._clock = clock
         self._provisioner = provisioner
+        self._certifier = certifier
         self._local = local
         self._cache = cache if cache is not None else ReviewCache(max_entries=0, ttl_s=0)
         self._limiter = limiter if limiter is not None else SourceLimiter(rate_per_s=0, burst=0)
@@ -99,6 +102,9 @@ class Authorizer:
         if request.token and self._provisioner(request.token):
             found = Identity(role=permissions.PROVISIONER)
             expires_at = int(now) + provisioner.LEASE_S
+        elif request.token and self._certifier(request.token):
+            found = Identity(role=permissions.CERTIFIER)
+            expires_at = int(now) + self._max_session_s
         else:
             reviewed = await self._identify(request, now=now)
             if isinstance(reviewed, Refusal):

@@ -2,7 +2,8 @@
 
 The shared groups (NATS connection of the service's own user, kube client, logs, ops port)
 plus who may connect as what. The issuer seed signs every user JWT; the xkey seed, when set,
-opens the server's sealed requests and seals our answers. Invalid values raise ConfigError.
+opens the server's sealed requests and seals our answers; the certify seed, when set, signs
+the agents' writer certificates (`certifier`). Invalid values raise ConfigError.
 """
 
 from __future__ import annotations
@@ -119,6 +120,17 @@ class AuthServiceConfig:
         2.0, flag="--revocation-poll-s", help="How often the revocation list is read."
     )
     """A revocation is in force at every replica within this, and live connections end."""
+    certify_seed_file: str = setting(
+        "",
+        flag="--certify-seed-file",
+        help="Operator nkey seed (SO...) that certifies the agents' writer keys for signed "
+        "records (`certify.seed` of the callout Secret); empty: no certificates.",
+    )
+    certificate_s: int = setting(
+        21600,
+        flag="--certificate-s",
+        help="How long a writer certificate is valid; agents renew it at half its life.",
+    )
 
     def __post_init__(self) -> None:
         if not self.issuer_seed_file:
@@ -151,6 +163,10 @@ class AuthServiceConfig:
                               field="revocation_poll_s")  # fmt: skip
         if self.sys_password_file:
             self.sys_nats()
+        if self.certify_seed_file:
+            self.certify_key()
+        if not 300 <= self.certificate_s <= 7 * 86400:
+            raise ConfigError("--certificate-s must be within 300..604800", field="certificate_s")
         if not self.driver_name:
             raise ConfigError("--driver-name needs at least one driver", field="driver_name")
         for driver in self.driver_name:
@@ -166,6 +182,19 @@ class AuthServiceConfig:
             raise ConfigError(
                 f"issuer seed file {self.issuer_seed_file}: not an account seed (SA...): {exc}",
                 field="issuer_seed_file",
+            ) from None
+
+    def certify_key(self) -> SigningKey | None:
+        """The key that signs writer certificates, read from its file now; None when unset."""
+        if not self.certify_seed_file:
+            return None
+        seed = auth.read_secret(self.certify_seed_file, what="certify seed file")
+        try:
+            return SigningKey.from_seed(seed, nkeys.PREFIX_BYTE_OPERATOR)
+        except NKeyError as exc:
+            raise ConfigError(
+                f"certify seed file {self.certify_seed_file}: not an operator seed (SO...): {exc}",
+                field="certify_seed_file",
             ) from None
 
     def sys_nats(self) -> NATSSettings | None:

@@ -3,8 +3,10 @@
 Every subject comes from `shared.bus.subjects.Names`, and is one an agent's own call sends:
 KV puts (`$KV.<bucket>.<key>`), direct gets with the key in the API subject, its own named
 consumers (`<role>-<node>-<purpose>`, the name and the filter in the API subject, and deleting
-exactly those), JetStream publishes, control requests and their replies. A node's grants name
-its own driver/node tokens only. Nobody but the provisioner creates or updates a stream; nobody
+exactly those), JetStream publishes, control requests and their replies, and the request that
+has the auth service certify its writer key (`dra.auth.certify.<role>.<node>`: the subject
+alone tells the certifier who asks, so nobody else may publish it). A node's grants name its
+own driver/node tokens only. Nobody but the provisioner creates or updates a stream; nobody
 deletes or purges one or deletes a message: `DENIED` is added to every other identity. Each
 user JWT carries limits on subscriptions, data and payload (`Limits`). Pure.
 """
@@ -18,10 +20,12 @@ from typing import Any
 from services.natsauth.identity import Identity
 from shared.bus.subjects import Names
 
-__all__ = ["DENIED", "PROVISIONER", "Limits", "Permissions", "for_identity"]
+__all__ = ["CERTIFIER", "DENIED", "PROVISIONER", "Limits", "Permissions", "for_identity"]
 
 PROVISIONER = "provisioner"
 """The auth service's own role in the app account: it makes every stream, before any agent."""
+CERTIFIER = "certifier"
+"""The auth service's other role in the app account: it answers certify requests, nothing else."""
 
 _NEVER = (
     "$JS.API.STREAM.DELETE.>",
@@ -49,6 +53,7 @@ _MIB = 1 << 20
 AGENT_LIMITS = Limits(subs=64, data=64 * _MIB, payload=1 * _MIB)
 OPERATOR_LIMITS = Limits(subs=1024, data=256 * _MIB, payload=1 * _MIB)
 PROVISIONER_LIMITS = Limits(subs=8, data=1 * _MIB, payload=64 * 1024)
+CERTIFIER_LIMITS = Limits(subs=8, data=16 * _MIB, payload=64 * 1024)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,8 +122,12 @@ def for_identity(identity: Identity, *, drivers: Iterable[str], names: Names) ->
         return _operator(names)
     if identity.role == PROVISIONER:
         return _provisioner(names)
+    if identity.role == CERTIFIER:
+        return _certifier(names)
     node = identity.node
     grants = _Grants(names, identity.role, node)
+    if identity.role in ("discovery", "allocation", "health"):
+        grants.publish.append(names.certify(identity.role, node))
     for driver in drivers:
         inventory = names.inventory_key(driver, node)
         health = names.health_keys(driver, node)
@@ -157,6 +166,17 @@ def _provisioner(names: Names) -> Permissions:
     return Permissions(
         publish=tuple(publish), subscribe=(f"{inbox}.>",), deny_publish=_NEVER, inbox=inbox,
         limits=PROVISIONER_LIMITS,
+    )  # fmt: skip
+
+
+def _certifier(names: Names) -> Permissions:
+    """Hear every certify request (in a queue group) and answer each once; publish nothing."""
+    inbox = names.inbox_prefix(CERTIFIER)
+    # An empty allow list would allow everything not denied: allow only its own inbox.
+    return Permissions(
+        publish=(f"{inbox}.>",), subscribe=(f"{inbox}.>", names.certify_wildcard),
+        deny_publish=DENIED,
+        allow_responses=True, inbox=inbox, limits=CERTIFIER_LIMITS,
     )  # fmt: skip
 
 

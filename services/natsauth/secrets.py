@@ -4,7 +4,8 @@ Keys of Secret `dra-suite-nats-callout`: `issuer.seed`/`issuer.pub` (account nke
 user JWTs; nats-server's `issuer` is the public half), `xkey.seed`/`xkey.pub` (curve key that
 seals the callout traffic), `auth-password` (the service's own NATS user), `sys-password` (its
 SYS-account user, which may only list connections and kick them: how a revoked node's live
-connections end). Pure, apart from the randomness.
+connections end), `certify.seed`/`certify.pub` (operator nkey that certifies the agents' writer
+keys; agents get the public half as `--bus-auth-key-file`). Pure, apart from the randomness.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def material() -> dict[str, str]:
     """New issuer and xkey key pairs and a new password, by Secret key."""
     issuer_seed = new_signing_seed(nkeys.PREFIX_BYTE_ACCOUNT)
     xkey_seed = new_xkey_seed()
+    certify_seed = new_signing_seed(nkeys.PREFIX_BYTE_OPERATOR)
     return {
         "issuer.seed": issuer_seed,
         "issuer.pub": SigningKey.from_seed(issuer_seed, nkeys.PREFIX_BYTE_ACCOUNT).public,
@@ -33,6 +35,8 @@ def material() -> dict[str, str]:
         "xkey.pub": XKey.from_seed(xkey_seed).public,
         "auth-password": password(),
         "sys-password": password(),
+        "certify.seed": certify_seed,
+        "certify.pub": SigningKey.from_seed(certify_seed, nkeys.PREFIX_BYTE_OPERATOR).public,
     }
 
 

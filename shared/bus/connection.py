@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import json
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -22,11 +24,11 @@ from nats.aio.client import Client as NATSClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
-from nats.js.kv import KV_DEL, KV_OP, KeyValue
+from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 
 from shared import metrics, telemetry
 from shared.backoff import Backoff
-from shared.bus import auth, convergence, origin, streams
+from shared.bus import auth, convergence, origin, records, signing, streams
 from shared.bus.subjects import Names
 from shared.cancellation import reraise_if_cancelling
 from shared.config import NATSSettings
@@ -39,11 +41,14 @@ log = structlog.get_logger(__name__)
 _reconnects = metrics.meter(__name__).create_counter(
     "dra_nats_reconnects", unit="1", description="NATS reconnections after a lost connection."
 )
+metrics.export_at_zero(_reconnects)
 
 MessageHandler = Callable[[Msg], Awaitable[None]]
 _REPEAT_LOG_INTERVAL_S = 30.0
 # Draining takes milliseconds; past this the server is gone (see _drain_or_close).
 _DRAIN_TIMEOUT_S = 3.0
+# How long a given-up connect attempt and its close may take before they are cut short.
+_ABANDON_WAIT_S = 1.0
 _DIRECT_GET_PAUSES_S = (0.05, 0.1, 0.2, 0.4, 0.8)
 
 # Errors that mean "NATS is not reachable right now" rather than a bad request.
@@ -158,6 +163,9 @@ class Bus:
         # Set when nats-py closed the connection on its own (not by `close()`).
         self._lost = asyncio.Event()
         self._error_gate = _RepeatGate(interval_s=_REPEAT_LOG_INTERVAL_S)
+        # Signed records (`--bus-signatures`): this process's writer key and the readers' check.
+        self.records = records.Records(settings, names=self.names, role=component, node=node)
+        self._certifying = asyncio.Lock()
 
     async def run(self) -> None:
         """Eternal task: connect (retrying forever), then keep the connection's epoch current.
@@ -167,6 +175,7 @@ class Bus:
         auth callout issued runs out with the token it was issued for. Such a close starts
         the whole connect again, which reads the (rotated) credentials anew.
         """
+        metrics.observe_nats_connection(self.connected.is_set)
         log.info(
             "nats_connecting",
             servers=redact_url(self.settings.url),
@@ -214,21 +223,43 @@ class Bus:
         options = auth.connect_options(self.settings)
         if self.inbox_prefix:
             options["inbox_prefix"] = self.inbox_prefix
-        return await nats.connect(
-            servers,
-            name=self.name,
-            allow_reconnect=True,
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=0.25,
-            connect_timeout=self.settings.connect_timeout_s,
-            ping_interval=5,
-            max_outstanding_pings=3,
-            disconnected_cb=self._on_disconnected,
-            reconnected_cb=self._on_reconnected,
-            error_cb=self._on_error,
-            closed_cb=self._on_closed,
-            **options,
+        # nats-py types these as int and takes floats (its own `nats.connect` is untyped).
+        options |= {"reconnect_time_wait": 0.25, "connect_timeout": self.settings.connect_timeout_s}
+        nc = NATSClient()
+        attempt = asyncio.ensure_future(
+            nc.connect(
+                servers,
+                name=self.name,
+                allow_reconnect=True,
+                max_reconnect_attempts=-1,
+                ping_interval=5,
+                max_outstanding_pings=3,
+                disconnected_cb=self._on_disconnected,
+                reconnected_cb=self._on_reconnected,
+                error_cb=self._on_error,
+                closed_cb=functools.partial(self._on_closed, nc),
+                **options,
+            )
         )
+        try:
+            # Awaited through `wait`, so a stop reaches this task at once: inside nats-py a
+            # cancel that races a completed read is dropped by Python 3.11's `wait_for`, and
+            # the connect would go on to wait out its timeout.
+            await asyncio.wait({attempt})
+            attempt.result()
+        except BaseException:
+            # nats-py leaves the attempt's socket open when it is cancelled or its error
+            # callback re-raises a pending stop: close it here, whatever happened.
+            attempt.cancel()
+            closing = asyncio.ensure_future(nc.close())
+            await asyncio.wait({attempt, closing}, timeout=_ABANDON_WAIT_S)
+            for task in (attempt, closing):
+                if not task.done():
+                    task.cancel()  # a TLS close can wait for a peer that never answers
+                elif not task.cancelled():
+                    task.exception()  # retrieved here; what failed the connect is raised
+            raise
+        return nc
 
     async def _on_connected(self, *, first: bool) -> None:
         self._buckets.clear()
@@ -262,7 +293,9 @@ class Bus:
         emit = log.warning if event == "nats_error" else log.error
         emit(event, error=error, auth=auth.auth_method(self.settings), repeated=repeated)
 
-    async def _on_closed(self) -> None:
+    async def _on_closed(self, nc: NATSClient) -> None:
+        if nc is not self._nc:
+            return  # an attempt given up inside `_connect_once`, never the live connection
         self.connected.clear()
         if not self._closing:
             log.warning("nats_closed")
@@ -340,21 +373,23 @@ class Bus:
         if not _valid_key(key):
             raise nats.js.errors.InvalidKeyError(key)
         await self.kv(bucket)
-        headers = telemetry.inject({})
+        subject = self.names.kv_subject(bucket, key)
+        headers = await self._signed(subject, value, telemetry.inject({}))
         try:
-            ack = await self.js.publish(
-                self.names.kv_subject(bucket, key), value, headers=headers or None
-            )
+            ack = await self.js.publish(subject, value, headers=headers or None)
             return int(ack.seq)
         except _UNAVAILABLE as exc:
             raise BusUnavailableError(f"kv put {bucket}/{key}: {exc}", subject=key) from exc
 
     async def kv_get(self, bucket: str, key: str) -> bytes | None:
         """The key's value. A direct get that nobody answers (on a cluster, no replica of a
-        bucket just made or just failed over is serving yet) is tried again for a moment."""
+        bucket just made or just failed over is serving yet) is tried again for a moment.
+        With signatures on, a value its owner did not sign is no value (None, logged)."""
         kv = await self.kv(bucket)
         for pause_s in (*_DIRECT_GET_PAUSES_S, None):
             try:
+                if self.records.on:
+                    return await self.checked_get(bucket, key)
                 entry = await kv.get(key)
             except nats.js.errors.KeyNotFoundError:
                 return None
@@ -371,9 +406,11 @@ class Bus:
     async def kv_delete(self, bucket: str, key: str) -> None:
         """Put the key's delete marker, which expires after `marker_ttl_s`."""
         await self.kv(bucket)
-        headers = telemetry.inject({KV_OP: KV_DEL, "Nats-TTL": f"{self.marker_ttl_s}s"})
+        subject = self.names.kv_subject(bucket, key)
+        marker = telemetry.inject({KV_OP: KV_DEL, "Nats-TTL": f"{self.marker_ttl_s}s"})
+        headers = await self._signed(subject, b"", marker)
         try:
-            await self.js.publish(self.names.kv_subject(bucket, key), b"", headers=headers)
+            await self.js.publish(subject, b"", headers=headers)
         except _UNAVAILABLE as exc:
             raise BusUnavailableError(f"kv delete {bucket}/{key}: {exc}", subject=key) from exc
 
@@ -385,10 +422,12 @@ class Bus:
         msg_id: str = "",
         headers: Mapping[str, str] | None = None,
     ) -> int:
-        """Publish to a stream and wait for the ack; `msg_id` deduplicates within the window."""
+        """Publish to a stream and wait for the ack; `msg_id` deduplicates within the window
+        (with signatures on, as an ID only this process can compute: `Records.msg_id`)."""
         all_headers = telemetry.inject(dict(headers or {}))
         if msg_id:
-            all_headers["Nats-Msg-Id"] = msg_id
+            all_headers["Nats-Msg-Id"] = self.records.msg_id(msg_id)
+        all_headers = await self._signed(subject, data, all_headers)
         try:
             ack = await self.js.publish(subject, data, headers=all_headers or None)
         except _UNAVAILABLE as exc:
@@ -431,6 +470,80 @@ class Bus:
             return await self.nc.subscribe(subject, queue=queue, cb=guarded)
         except _UNAVAILABLE as exc:
             raise BusUnavailableError(f"subscribe {subject}: {exc}", subject=subject) from exc
+
+    async def _signed(self, subject: str, data: bytes, headers: dict[str, str]) -> dict[str, str]:
+        """`headers` with this process's certificate and signature (when it signs)."""
+        if self.records.writer is None:
+            return headers
+        await self._certified()
+        return self.records.sign(subject, data, headers)
+
+    async def _certified(self) -> None:
+        """Have the auth service certify the writer key: at the first write, and again once
+        half the certificate's life has passed. While it cannot, writes wait as on a lost
+        connection (BusUnavailableError); a renewal that fails keeps the valid certificate."""
+        writer = self.records.writer
+        assert writer is not None
+        if writer.fresh(time.time()):
+            return
+        async with self._certifying:
+            if writer.fresh(time.time()):
+                return
+            subject, body, headers = self.records.certify_request()
+            try:
+                reply = await self.nc.request(
+                    subject, body, timeout=self.settings.request_timeout_s, headers=headers
+                )
+                answer = json.loads(reply.data or b"{}")
+                if not isinstance(answer, dict) or "certificate" not in answer:
+                    error = answer.get("error") if isinstance(answer, dict) else None
+                    raise signing.Rejected("bad_certificate", str(error or "no certificate"))
+                cert = self.records.install(str(answer["certificate"]))
+            except (*_UNAVAILABLE, ValueError) as exc:
+                error = str(exc) or type(exc).__name__
+                if writer.usable(time.time()):
+                    log.warning("bus_certificate_renewal_failed", error=error)
+                    return
+                raise BusUnavailableError(
+                    f"no writer certificate: {error}", subject=subject
+                ) from exc
+            log.info("bus_writer_certified", role=cert.role, node=cert.node,
+                     not_after=cert.not_after)  # fmt: skip
+
+    async def checked_get(self, bucket: str, key: str) -> bytes | None:
+        """A direct get whose entry goes through `Records.check` (its stored headers with it):
+        None for a missing key, a delete and a record the check refuses. No bucket check."""
+        subject = self.names.kv_subject(bucket, key)
+        try:
+            raw = await self.js.get_msg(self.names.kv_stream(bucket), subject=subject, direct=True)
+        except nats.js.errors.NotFoundError:
+            return None
+        if raw.subject != subject:
+            return None
+        stored = {k: v for k, v in (raw.headers or {}).items() if k not in _DIRECT_GET_HEADERS}
+        data = raw.data or b""
+        stored_at = raw.time.timestamp() if raw.time is not None else None
+        if not self.records.check(subject, data, stored, stored_at=stored_at).ok:
+            return None
+        if stored.get(KV_OP) in (KV_DEL, KV_PURGE):
+            return None
+        return data
+
+    def check_message(self, msg: Msg, *, event: str = "bus_message_dropped") -> records.Check:
+        """`Records.check` of a stream message (an alert) as a consumer delivered it."""
+        stored_at: float | None = None
+        with contextlib.suppress(Exception):  # a message of no consumer has no metadata
+            stored_at = msg.metadata.timestamp.timestamp()
+        return self.records.check(
+            msg.subject, msg.data or b"", msg.headers, stored_at=stored_at, event=event
+        )
+
+
+# The headers a direct get adds to the stored message's own.
+_DIRECT_GET_HEADERS = frozenset(
+    {"Nats-Stream", "Nats-Subject", "Nats-Sequence", "Nats-Time-Stamp", "Nats-Num-Pending",
+     "Nats-Last-Sequence", "Nats-UpTo-Sequence"}
+)  # fmt: skip
 
 
 def _valid_key(key: str) -> bool:

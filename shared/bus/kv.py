@@ -23,6 +23,12 @@ the watch asked for: someone else's consumer can be made to deliver into our inb
 that is JetStream's own answer (`origin`) was not put by a client but redirected into the bucket
 as the reply of someone's request. Both are dropped and logged (`kv_entry_dropped`,
 `security=true`), as nats-server can refuse neither.
+
+With `--bus-signatures` on, every entry also goes through `Records.check`: one its key's owner
+did not sign (an emptied entry left by a redirected 404, another node's value, a bad or expired
+certificate) is dropped, logged and counted the same way. A watch of the owner's own keys asks
+for those too (`rejected=True`): it gets a change with `rejected` set, and puts its value back;
+in accept mode also for an unsigned entry on its key (written before it signed), to sign it.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ import structlog
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import api
-from nats.js.kv import KV_DEL, KV_OP, KV_PURGE
+from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 
 from shared import telemetry
 from shared.backoff import Backoff
@@ -49,7 +55,7 @@ from shared.bus.connection import Bus
 from shared.cancellation import reraise_if_cancelling
 from shared.errors import BusUnavailableError, ProgrammingError
 
-__all__ = ["KVChange", "consumer_name", "watch"]
+__all__ = ["KVChange", "checked", "consumer_name", "watch"]
 
 _WATCH_FAILED = (BusUnavailableError, nats.errors.Error, TimeoutError)
 _MARKER_REASON = "Nats-Marker-Reason"
@@ -73,6 +79,11 @@ class KVChange:
     trace: telemetry.Carrier = ()
     # True for a current value replayed after a (re)start, not a change seen as it happened.
     replayed: bool = False
+    # Why the entry was refused (`shared.bus.signing.REASONS`); only for `watch(rejected=True)`,
+    # whose caller owns the key and puts its value back. `value` is then None.
+    rejected: str = ""
+    # True when the entry was signed by its key's owner (signatures on).
+    signed: bool = False
 
 
 _SYNCED = KVChange(key="", value=None, revision=0, synced=True)
@@ -160,44 +171,64 @@ async def _start(bus: Bus, *, bucket: str, keys: str, name: str) -> _Watcher:
     return _Watcher(subscription, queue, replay=(info.num_pending or 0) + (delivered or 0))
 
 
-def _change(msg: Msg, *, source: _Source, replayed: bool) -> KVChange | None:
+def _change(
+    bus: Bus, msg: Msg, *, source: _Source, replayed: bool, rejected: bool
+) -> KVChange | None:
     headers = msg.headers or {}
+    key = msg.subject[len(source.prefix) :]
+    revision = msg.metadata.sequence.stream
     # The consumer's own delivery has reply `$JS.ACK...`: judge the entry by headers and data.
     if origin.is_jetstream_reply(reply="", headers=headers, data=msg.data):
         _dropped(msg, reason="jetstream_reply")
+        if rejected and bus.records.owns(msg.subject):
+            return KVChange(key=key, value=None, revision=revision, rejected="jetstream_reply")
         return None
+    stored_at = msg.metadata.timestamp.timestamp() if msg.metadata.timestamp else None
+    check = bus.records.check(msg.subject, msg.data or b"", headers, stored_at=stored_at)
+    if not check.ok:
+        if rejected:
+            return KVChange(key=key, value=None, revision=revision, rejected=check.reason)
+        return None
+    if rejected and check.writer is None and bus.records.on and bus.records.resign(msg.subject):
+        # Taken unsigned (accept mode: written before this agent signed): its owner signs it.
+        return KVChange(key=key, value=None, revision=revision, rejected="unsigned")
     operation = headers.get(KV_OP) or (
         KV_PURGE if headers.get(_MARKER_REASON) in ("MaxAge", "Purge", "Remove") else None
     )
     deleted = operation in (KV_DEL, KV_PURGE)
     return KVChange(
-        key=msg.subject[len(source.prefix) :],
+        key=key,
         value=None if deleted else msg.data,
-        revision=msg.metadata.sequence.stream,
+        revision=revision,
         trace=telemetry.carried(headers),
         replayed=replayed,
+        signed=check.writer is not None,
     )
 
 
 async def watch(
-    bus: Bus, *, bucket: str, keys: str, purpose: str = "watch"
+    bus: Bus, *, bucket: str, keys: str, purpose: str = "watch", rejected: bool = False
 ) -> AsyncIterator[KVChange]:
     """Yield changes of `keys` in `bucket` forever, resubscribing after reconnects and when
     the consumer is lost (no entry nor heartbeat for `_STALL_HEARTBEATS` heartbeats).
-    `purpose` tells two watches of one bucket in one process apart (`WATCH_PURPOSES`)."""
+    `purpose` tells two watches of one bucket in one process apart (`WATCH_PURPOSES`).
+    `rejected`: also yield entries refused by `Records.check` (flagged `rejected`), for the
+    owner of the keys, which puts its value back."""
     name = consumer_name(bus, purpose)
     held = (bus.names.kv_stream(bucket), name)
     if name and held in bus.consumers_held:
         raise ProgrammingError(f"two watches of {bucket} for {purpose!r} in one process")
     bus.consumers_held.add(held)
     try:
-        async for change in _watch(bus, bucket=bucket, keys=keys, name=name):
+        async for change in _watch(bus, bucket=bucket, keys=keys, name=name, rejected=rejected):
             yield change
     finally:
         bus.consumers_held.discard(held)
 
 
-async def _watch(bus: Bus, *, bucket: str, keys: str, name: str) -> AsyncIterator[KVChange]:
+async def _watch(
+    bus: Bus, *, bucket: str, keys: str, name: str, rejected: bool
+) -> AsyncIterator[KVChange]:
     backoff = Backoff(initial_s=0.1, max_s=5.0)
     names = bus.names
     prefix = names.kv_subject(bucket, "")
@@ -245,7 +276,7 @@ async def _watch(bus: Bus, *, bucket: str, keys: str, name: str) -> AsyncIterato
                 if not source.admits(msg):
                     _dropped(msg, reason="not_this_watch")
                     continue  # nor its pending count: another consumer's delivery
-                change = _change(msg, source=source, replayed=not synced)
+                change = _change(bus, msg, source=source, replayed=not synced, rejected=rejected)
                 if change is not None:
                     yield change
                 if not synced and msg.metadata.num_pending == 0:
@@ -257,6 +288,33 @@ async def _watch(bus: Bus, *, bucket: str, keys: str, name: str) -> AsyncIterato
                 update.cancel()  # also when the caller closes the generator mid-wait
             with contextlib.suppress(nats.errors.Error, TimeoutError):
                 await watcher.subscription.unsubscribe()
+
+
+class _CheckedKeyValue(KeyValue):
+    """A bucket whose `get` takes only what `Records.check` takes (`Bus.checked_get`)."""
+
+    def __init__(self, bus: Bus, bucket: str) -> None:
+        stream, pre = bus.names.kv_stream(bucket), bus.names.kv_subject(bucket, "")
+        super().__init__(name=bucket, stream=stream, pre=pre, js=bus.js, direct=True)
+        self._bus = bus
+        self._bucket = bucket
+
+    async def get(
+        self, key: str, revision: int | None = None, validate_keys: bool = True
+    ) -> KeyValue.Entry:
+        if revision is not None:
+            raise ProgrammingError("a checked bucket reads the current value only")
+        data = await self._bus.checked_get(self._bucket, key)
+        if data is None:
+            raise nats.js.errors.KeyNotFoundError
+        return KeyValue.Entry(bucket=self._bucket, key=key, value=data, revision=None,
+                              delta=None, created=None, operation=None)  # fmt: skip
+
+
+def checked(bus: Bus, bucket: str, store: KeyValue) -> KeyValue:
+    """`store` (a bucket bound for reading, as dractl does) whose values go through the Bus's
+    record check when signatures are on; `store` itself when they are off."""
+    return _CheckedKeyValue(bus, bucket) if bus.records.on else store
 
 
 def _dropped(msg: Msg, *, reason: str) -> None:

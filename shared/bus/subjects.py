@@ -9,7 +9,10 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-__all__ = ["WATCH_PURPOSES", "Names", "token"]
+__all__ = ["WATCH_PURPOSES", "Names", "Writer", "token"]
+
+Writer = tuple[str, str]
+"""Who alone may write a subject: (role, node as a subject token)."""
 
 WATCH_PURPOSES = ("watch", "sim")
 """What a node agent watches a bucket for: `watch` (its one watch of that bucket) and `sim`
@@ -151,3 +154,45 @@ class Names:
     @property
     def buckets(self) -> tuple[str, ...]:
         return (self.inventory_bucket, self.health_bucket, self.claims_bucket)
+
+    # Who writes what: the one identity whose grants (`services.natsauth.permissions`) let it
+    # publish a subject, read back from the subject's layout. Readers check a record's signer
+    # against it (`shared.bus.signing`).
+
+    def writer_of(self, subject: str) -> Writer | None:
+        """The (role, node token) that alone may write `subject`: a KV key of one of the
+        buckets, or a node's alert subject; None for anything else."""
+        tokens = subject.split(".")
+        if len(tokens) >= 4 and tokens[0] == "$KV":
+            bucket, key = tokens[1], tokens[2:]
+            shape = {
+                self.inventory_bucket: ("discovery", 2),
+                self.health_bucket: ("health", 3),
+                self.claims_bucket: ("allocation", 3),
+            }.get(bucket)
+            if shape is not None and len(key) == shape[1]:
+                return shape[0], key[1]
+            return None
+        prefix = self._subject_prefix
+        if subject.startswith(prefix):
+            parts = subject[len(prefix) :].split(".")
+            if len(parts) == 4 and parts[:2] == ["dra", "alerts"]:
+                return "health", parts[3]
+        return None
+
+    def certify(self, role: str, node: str) -> str:
+        """Where a node agent asks the auth service to certify its writer key; only that
+        identity may publish it."""
+        return f"{self._subject_prefix}dra.auth.certify.{role}.{token(node)}"
+
+    @property
+    def certify_wildcard(self) -> str:
+        return f"{self._subject_prefix}dra.auth.certify.*.*"
+
+    def certifier_of(self, subject: str) -> Writer | None:
+        """The (role, node token) a certify subject asks for."""
+        prefix = f"{self._subject_prefix}dra.auth.certify."
+        if not subject.startswith(prefix):
+            return None
+        parts = subject[len(prefix) :].split(".")
+        return (parts[0], parts[1]) if len(parts) == 2 and all(parts) else None

@@ -22,6 +22,7 @@ import yaml
 
 from shared import quantity
 from shared.errors import ConfigError
+from shared.vendors.nvidia.mig import H100_80GB
 
 # libyaml when PyYAML has it (the wheels do): a profile parses about ten times faster.
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -42,15 +43,7 @@ __all__ = [
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-H100_MIG_PROFILES = (
-    "1g.10gb",
-    "1g.10gb+me",
-    "1g.20gb",
-    "2g.20gb",
-    "3g.40gb",
-    "4g.40gb",
-    "7g.80gb",
-)
+H100_MIG_PROFILES = tuple(p.name for p in H100_80GB)
 """The MIG profile names of an H100-80GB (NVIDIA MIG user guide), in GI profile table order."""
 SHARED_STEP = "1Gi"
 """The request step (and minimum) of a shared capacity given as `true`."""

@@ -33,6 +33,13 @@ class FakeNpuSmi:
         self.outputs[("info",)] = (FIXTURES / info).read_text()
         self.outputs[("info", "-t", "topo")] = (FIXTURES / topo).read_text()
 
+    def vnpus(self, card: int, chip: int, fixture: str) -> None:
+        """`npu-smi info -t info-vnpu -i <card> -c <chip>` answered by a fixture file (the
+        host's view of that chip's vNPUs); without one the query fails, as where npu-smi has
+        no vNPU view."""
+        args = ("info", "-t", "info-vnpu", "-i", str(card), "-c", str(chip))
+        self.outputs[args] = (FIXTURES / fixture).read_text()
+
     async def __call__(self, argv: Sequence[str], *, timeout_s: float) -> str:
         args = tuple(argv[1:])
         self.calls.append(tuple(argv))

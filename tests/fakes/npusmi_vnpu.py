@@ -74,15 +74,16 @@ class FakeVnpuNpuSmi:
     # The command line.
 
     async def __call__(self, argv: Sequence[str], *, timeout_s: float) -> str:
-        """A command runner: stdout, or NpuSmiError as the real runner raises it. `crash_after`
-        raises `Crash` instead: the caller's process "dies" once npu-smi did its work."""
-        from services.allocation.partitions.vnpu_npusmi import NpuSmiError
+        """A command runner: stdout, or CommandFailedError as the real runner raises it.
+        `crash_after` raises `Crash` instead: the caller's process "dies" once npu-smi did its
+        work."""
+        from shared.commands import CommandFailedError
 
         status, output = self.answer(list(argv[1:]))
         if status == _CRASH_STATUS:
             raise Crash(" ".join(argv))
         if status != 0:
-            raise NpuSmiError(f"{' '.join(argv)}: exit status {status}: {_last(output)}")
+            raise CommandFailedError(f"{' '.join(argv)}: exit status {status}: {_last(output)}")
         return output
 
     def answer(self, args: list[str]) -> tuple[int, str]:

@@ -4,27 +4,34 @@ Profile data is docs/hardware.md §1.1/1.2: GI profile ids, placements, SMs, eng
 GPU model. NVLink is modelled as HGX boards (every GPU linked to the same 4 NVSwitches),
 bridged pairs, or none. Failures are injected per call name (`fail`), at init (`init_error`),
 or by blocking every call until `release` is set (a wedged driver).
+
+MIG instances that exist live in `instances` (GPU index -> GI id -> `FakeGpuInstance`): the
+MIG partition manager's fake (`tests/fakes/nvml_mig.py`) makes and destroys them in the same
+dict when it is given this fake, so discovery sees what the allocation agent made; an admin's
+are made with `make_mig_device`.
 """
 
 from __future__ import annotations
 
 import threading
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from services.discovery.backends.nvml_api import (
-    ERROR_INVALID_ARGUMENT,
-    ERROR_NOT_SUPPORTED,
-    GpuInstanceProfile,
-    Handle,
-    NVMLCallError,
-    Placement,
-)
 from services.discovery.backends.sysfs import normalize_bus_id
+from shared.nvml import ERROR_INVALID_ARGUMENT, ERROR_NOT_SUPPORTED, Handle, NVMLCallError
+from shared.vendors.nvidia.mig import GpuInstance, GpuInstanceProfile, MigDevice, Placement
 from tests.fakes.sysfs import add_pci_device
 
-__all__ = ["MODELS", "FakeGpu", "FakeNVML", "GpuModel", "not_supported"]
+__all__ = [
+    "MODELS",
+    "FakeGpu",
+    "FakeGpuInstance",
+    "FakeNVML",
+    "GpuModel",
+    "not_supported",
+]
 
 # GI profile id -> (NVML enum, placements (starts, size)).
 _GEOMETRY: dict[int, tuple[int, tuple[int, ...], int]] = {
@@ -139,6 +146,20 @@ def not_supported(call: str) -> NVMLCallError:
 
 
 @dataclass(slots=True)
+class FakeGpuInstance:
+    """A GPU instance that exists, and its compute instances."""
+
+    id: int
+    profile_id: int
+    placement: Placement
+    slices: int
+    cis: dict[int, int] = field(default_factory=dict)
+    """CI id -> its compute slices."""
+    uuids: dict[int, str] = field(default_factory=dict)
+    """CI id -> MIG device UUID."""
+
+
+@dataclass(slots=True)
 class FakeGpu:
     index: int
     model: GpuModel
@@ -164,6 +185,8 @@ class FakeNVML:
         self.release: threading.Event | None = None
         """When set to an unset Event, every call blocks until it is set."""
         self.calls = 0
+        self.instances: dict[int, dict[int, FakeGpuInstance]] = {gpu.index: {} for gpu in gpus}
+        """GPU index -> GI id -> the GPU instances that exist."""
 
     @classmethod
     def node(
@@ -300,3 +323,42 @@ class FakeNVML:
         if link not in gpu.nvlinks:
             raise not_supported("nvlink_remote_bus_id")
         return gpu.nvlinks[link]
+
+    def gpu_instances(self, handle: Handle, profile_id: int) -> tuple[GpuInstance, ...]:
+        gpu = self._gpu(handle, "gpu_instances")
+        if gpu.mig_mode[0] != 1 or profile_id not in _GEOMETRY:
+            raise not_supported("gpu_instances")
+        return tuple(
+            GpuInstance(id=gi.id, profile_id=gi.profile_id, placement=gi.placement)
+            for _, gi in sorted(self.instances[gpu.index].items())
+            if gi.profile_id == profile_id
+        )
+
+    def mig_devices(self, handle: Handle) -> tuple[MigDevice, ...]:
+        gpu = self._gpu(handle, "mig_devices")
+        if gpu.mig_mode[0] != 1:
+            raise not_supported("mig_devices")
+        return tuple(
+            MigDevice(uuid=gi.uuids[ci], gpu_instance=gi.id, compute_instance=ci)
+            for _, gi in sorted(self.instances[gpu.index].items())
+            for ci in sorted(gi.cis)
+        )
+
+    # Test helpers (not part of the seam).
+
+    def make_mig_device(self, index: int, profile_id: int, start: int) -> MigDevice:
+        """A MIG device made behind the driver's back (by an admin, with nvidia-smi): a GI of
+        the profile at `start` with one compute instance of its full size."""
+        gpu = self.gpus[index]
+        _, starts, size = _GEOMETRY[profile_id]
+        placement = Placement(start, size)
+        existing = self.instances[gpu.index]
+        assert start in starts, f"{start} is not a placement of profile {profile_id}"
+        assert not any(gi.placement.overlaps(placement) for gi in existing.values())
+        gi_id = min(set(range(1, 15)) - set(existing))
+        slices = _SLICES[profile_id][0]
+        mig = f"MIG-{uuid.uuid4()}"
+        existing[gi_id] = FakeGpuInstance(
+            gi_id, profile_id, placement, slices, cis={0: slices}, uuids={0: mig}
+        )
+        return MigDevice(uuid=mig, gpu_instance=gi_id, compute_instance=0)

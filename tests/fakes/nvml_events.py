@@ -26,12 +26,12 @@ from services.health.monitors.nvml_events import (
     EVENT_XID,
     NO_INSTANCE,
     EventSet,
-    GpuInstanceInfo,
     Handle,
     NVMLCallError,
     NVMLEvent,
     RemappedRows,
 )
+from shared.vendors.nvidia.mig import GpuInstance, Placement
 
 __all__ = ["FakeEventGpu", "FakeNVMLEvents"]
 
@@ -54,7 +54,7 @@ class FakeEventGpu:
     pages_pending: bool | None = None
     """None: not supported (Ampere and later retire pages by remapping rows)."""
     lost: bool = False
-    gpu_instances: dict[int, GpuInstanceInfo] = field(default_factory=dict)
+    gpu_instances: dict[int, GpuInstance] = field(default_factory=dict)
     """MIG GPU instances by GPU-instance ID."""
 
 
@@ -123,8 +123,8 @@ class FakeNVMLEvents:
         self, index: int, gpu_instance: int, *, profile_id: int, start: int, size: int = 1
     ) -> None:
         """Make MIG GPU instance `gpu_instance` of profile `profile_id` at slice `start`."""
-        self.gpus[index].gpu_instances[gpu_instance] = GpuInstanceInfo(
-            id=gpu_instance, profile_id=profile_id, placement_start=start, placement_size=size
+        self.gpus[index].gpu_instances[gpu_instance] = GpuInstance(
+            id=gpu_instance, profile_id=profile_id, placement=Placement(start, size)
         )
 
     def remove_gpu_instance(self, index: int, gpu_instance: int) -> None:
@@ -213,7 +213,7 @@ class FakeNVMLEvents:
         assert isinstance(event_set, _EventSet)
         event_set.freed = True
 
-    def gpu_instance_info(self, handle: Handle, gpu_instance_id: int) -> GpuInstanceInfo:
+    def gpu_instance_info(self, handle: Handle, gpu_instance_id: int) -> GpuInstance:
         gpu = self._gpu(handle, "gpu_instance_info")
         found = gpu.gpu_instances.get(gpu_instance_id)
         if found is None:

@@ -9,23 +9,26 @@ at its instance limit, answers INSUFFICIENT_RESOURCES; a GI with a CI cannot be 
 `crash_after` raises `Crash` (a BaseException, as a kill -9 ends the process) just after the
 named call succeeded, and `release` wedges every call until it is set. `calls` counts every
 call by name.
+
+The instances are those of the inner `FakeNVML` (`nvml=` shares one with discovery's backend,
+so a scan sees what this fake made). With `state=` they are also kept in a JSON file, written
+after every change and read at construction: the hardware outlives an agent killed with -9,
+and a restarted agent process (a new fake) finds what the killed one made.
 """
 
 from __future__ import annotations
 
 import collections
+import json
 import threading
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from services.allocation.partitions.mig_nvml import (
     ERROR_IN_USE,
     ERROR_INSUFFICIENT_RESOURCES,
     ComputeInstanceProfile,
-    GpuInstance,
-    GpuInstanceProfile,
-    Placement,
 )
 from shared.nvml import (
     ERROR_INVALID_ARGUMENT,
@@ -34,9 +37,11 @@ from shared.nvml import (
     Handle,
     NVMLCallError,
 )
-from tests.fakes.nvml import FakeGpu, FakeNVML
+from shared.vendors.nvidia import naming
+from shared.vendors.nvidia.mig import GpuInstance, GpuInstanceProfile, Placement
+from tests.fakes.nvml import FakeGpu, FakeGpuInstance, FakeNVML
 
-__all__ = ["Crash", "FakeMigNVML", "cap_minor"]
+__all__ = ["Crash", "FakeMigNVML", "cap_minor", "read_state"]
 
 # CI profile enum -> compute slices; enum 7 (1_SLICE_REV1) is the shared-slice variant.
 _CI_SLICES = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7, 7: 1}
@@ -48,20 +53,46 @@ class Crash(BaseException):
 
 def cap_minor(gpu_minor: int, gi: int, ci: int | None = None) -> int:
     """The capability minor of a GI (or of a CI in it), as the driver numbers them."""
-    base = 3 + 9 * (15 * gpu_minor + gi)
-    return base if ci is None else base + 1 + ci
+    if ci is None:
+        return naming.gpu_instance_cap(gpu_minor, gi)
+    return naming.compute_instance_cap(gpu_minor, gi, ci)
 
 
-@dataclass(slots=True)
-class _Gi:
-    id: int
-    profile_id: int
-    placement: Placement
-    slices: int
-    cis: dict[int, int] = field(default_factory=dict)
-    """CI id -> its compute slices."""
-    uuids: dict[int, str] = field(default_factory=dict)
-    """CI id -> MIG device UUID."""
+def _encode(instances: dict[int, dict[int, FakeGpuInstance]]) -> dict[str, Any]:
+    return {
+        str(index): [
+            {
+                "id": gi.id,
+                "profileId": gi.profile_id,
+                "placement": [gi.placement.start, gi.placement.size],
+                "slices": gi.slices,
+                "cis": {str(ci): slices for ci, slices in gi.cis.items()},
+                "uuids": {str(ci): mig for ci, mig in gi.uuids.items()},
+            }
+            for _, gi in sorted(by_id.items())
+        ]
+        for index, by_id in instances.items()
+    }
+
+
+def read_state(path: Path) -> dict[int, dict[int, FakeGpuInstance]]:
+    """The instances a `FakeMigNVML(state=path)` left (GPU index -> GI id -> GI); none: {}."""
+    if not path.exists():
+        return {}
+    found: dict[int, dict[int, FakeGpuInstance]] = {}
+    for index, instances in json.loads(path.read_text()).items():
+        found[int(index)] = {
+            int(raw["id"]): FakeGpuInstance(
+                id=int(raw["id"]),
+                profile_id=int(raw["profileId"]),
+                placement=Placement(*raw["placement"]),
+                slices=int(raw["slices"]),
+                cis={int(ci): int(slices) for ci, slices in raw["cis"].items()},
+                uuids={int(ci): str(mig) for ci, mig in raw["uuids"].items()},
+            )
+            for raw in instances
+        }
+    return found
 
 
 class FakeMigNVML:
@@ -74,13 +105,22 @@ class FakeMigNVML:
         count: int = 2,
         mig_enabled: bool = True,
         capabilities_root: Path | None = None,
+        nvml: FakeNVML | None = None,
+        state: Path | None = None,
     ) -> None:
-        self.inner = FakeNVML.node(model, count=count, nvlink="none", mig_enabled=mig_enabled)
+        """`nvml`: the node's GPUs and instances (shared with discovery's fake); None: a new
+        node of `count` GPUs of `model`. `state`: the JSON file that keeps the instances."""
+        if nvml is None:
+            nvml = FakeNVML.node(model, count=count, nvlink="none", mig_enabled=mig_enabled)
+        self.inner = nvml
         self.inner.initialised = True
         self.gpus = self.inner.gpus
         self.capabilities_root = capabilities_root
-        self.instances: dict[int, dict[int, _Gi]] = {gpu.index: {} for gpu in self.gpus}
-        """GPU index -> GI id -> GI."""
+        self.state = state
+        self.instances: dict[int, dict[int, FakeGpuInstance]] = self.inner.instances
+        """GPU index -> GI id -> GI (the inner fake's own dict)."""
+        if state is not None:
+            self.instances.update(read_state(state))
         self.initialised = False
         self.init_error: NVMLCallError | None = None
         self.fail: dict[str, NVMLCallError] = {}
@@ -97,6 +137,8 @@ class FakeMigNVML:
             raise self.fail[call]
 
     def _leave(self, call: str) -> None:
+        if self.state is not None:
+            self.state.write_text(json.dumps(_encode(self.instances)))
         if self.crash_after == call:
             self.crash_after = None
             raise Crash(call)
@@ -108,7 +150,7 @@ class FakeMigNVML:
         assert isinstance(handle, FakeGpu)
         return handle
 
-    def _gi(self, handle: Handle, gi: int, call: str) -> tuple[FakeGpu, _Gi]:
+    def _gi(self, handle: Handle, gi: int, call: str) -> tuple[FakeGpu, FakeGpuInstance]:
         gpu = self._gpu(handle, call)
         found = self.instances[gpu.index].get(gi)
         if found is None:
@@ -155,13 +197,7 @@ class FakeMigNVML:
 
     def gpu_instance_profile(self, handle: Handle, enum: int) -> GpuInstanceProfile:
         self._gpu(handle, "gpu_instance_profile")
-        info = self.inner.gpu_instance_profile(handle, enum)
-        return GpuInstanceProfile(
-            id=info.id,
-            name=info.name,
-            slice_count=info.slice_count,
-            instance_count=info.instance_count,
-        )
+        return self.inner.gpu_instance_profile(handle, enum)
 
     def _profile(self, gpu: FakeGpu, profile_id: int) -> GpuInstanceProfile:
         for enum in range(0x12):
@@ -170,12 +206,7 @@ class FakeMigNVML:
             except NVMLCallError:
                 continue
             if info.id == profile_id:
-                return GpuInstanceProfile(
-                    id=info.id,
-                    name=info.name,
-                    slice_count=info.slice_count,
-                    instance_count=info.instance_count,
-                )
+                return info
         raise NVMLCallError("profile", code=ERROR_INVALID_ARGUMENT, message="Invalid Argument")
 
     def gpu_instance_placements(self, handle: Handle, profile_id: int) -> tuple[Placement, ...]:
@@ -213,7 +244,7 @@ class FakeMigNVML:
                 call, code=ERROR_INSUFFICIENT_RESOURCES, message="Insufficient Resources"
             )
         gi_id = min(set(range(1, 15)) - set(existing))
-        existing[gi_id] = _Gi(gi_id, profile_id, placement, info.slice_count)
+        existing[gi_id] = FakeGpuInstance(gi_id, profile_id, placement, info.slice_count)
         self._write_access(gpu, gi_id)
         self._leave(call)
         return GpuInstance(id=gi_id, profile_id=profile_id, placement=placement)
@@ -256,7 +287,7 @@ class FakeMigNVML:
             )
         ci = min(set(range(8)) - set(gi.cis))
         gi.cis[ci] = slices
-        gi.uuids[ci] = f"MIG-{uuid.uuid4()}"
+        gi.uuids[ci] = naming.mig_uuid(str(uuid.uuid4()))
         self._write_access(gpu, gi.id, ci)
         self._leave(call)
         return ci

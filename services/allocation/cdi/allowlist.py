@@ -11,6 +11,12 @@ are never handed out. Anything else fails the claim with `ForbiddenEditError`, n
 device and edit; this module only decides (the preparer logs and counts). Hooks are never
 produced, so none is allowed; a mount only from under the driver's own directories
 (`check_spec`). Digits in patterns are ASCII only (`[0-9]`, `re.ASCII`).
+
+A device prepared for a virtual machine (`DeviceEdits.vfio`, docs/vfio.md) gets its own rules
+whatever the backend (`vfio_rules`): `/dev/vfio/vfio` and its own IOMMU group's
+`/dev/vfio/<group>` (the container path as host path; the sim's `/dev/null`), the driver's own
+variables, and nothing vendor-specific: no `/dev/nvidia*`, `/dev/davinci*`, no visible-devices
+variable.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ __all__ = [
     "check",
     "check_spec",
     "rules_for",
+    "vfio_rules",
 ]
 
 EDIT_KINDS = ("device_node", "host_path", "env_name", "env_value", "mount", "hook")
@@ -110,7 +117,11 @@ _NVIDIA_NODES = re.compile(
     re.ASCII,
 )
 # Device nodes that name one device: they must be the device's own (`Own.nodes`).
-_NUMBERED = re.compile(r"/dev/(davinci|nvidia)[0-9]+|/dev/nvidia-caps/nvidia-cap[0-9]+", re.ASCII)
+_NUMBERED = re.compile(
+    r"/dev/(davinci|nvidia)[0-9]+|/dev/nvidia-caps/nvidia-cap[0-9]+|/dev/vfio/[0-9]+", re.ASCII
+)
+# A VFIO device: the container (the VM's launcher) gets the VFIO control node and the group.
+_VFIO_NODES = re.compile(r"/dev/vfio/(vfio|[0-9]{1,6})", re.ASCII)
 _VNPU_HOST = re.compile(r"/dev/davinci([0-9]{1,5})", re.ASCII)
 _MOUNT_OPTIONS = frozenset({"ro", "bind", "rbind", "nosuid", "nodev", "noexec", "rprivate"})
 SIM_HOST = "/dev/null"
@@ -160,6 +171,13 @@ def rules_for(backend: str) -> BackendRules:
     return _RULES.get(backend, _NOTHING)
 
 
+def vfio_rules(backend: str) -> BackendRules:
+    """What a device prepared for a virtual machine may bring: only the VFIO nodes."""
+    if backend not in _RULES:
+        return _NOTHING
+    return BackendRules(nodes=(_VFIO_NODES,), env=frozenset(), sim_host=backend == "sim")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Own:
     """What one allocated device (or the partition made of it) may name, from the device's
@@ -184,6 +202,8 @@ class DeviceEdits:
     vendor: bool = True
     """False: a kind the backend never makes, which gets no vendor edit at all."""
     mounts: Sequence[Mapping[str, Any]] = field(default_factory=tuple)
+    vfio: bool = False
+    """A device prepared for a virtual machine: checked by `vfio_rules` instead."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -219,8 +239,9 @@ def _value_pattern(name: str) -> re.Pattern[str] | None:
     return _VALUES.get(name)
 
 
-def _rejected(rules: BackendRules, edits: DeviceEdits) -> Iterable[RejectedEdit]:
+def _rejected(backend: str, edits: DeviceEdits) -> Iterable[RejectedEdit]:
     device = edits.device[:_SHOWN]
+    rules = vfio_rules(backend) if edits.vfio else rules_for(backend)
     rules = rules if edits.vendor else _NOTHING
     own = edits.own
     for path, host in edits.nodes:
@@ -250,8 +271,7 @@ def _rejected(rules: BackendRules, edits: DeviceEdits) -> Iterable[RejectedEdit]
 
 def check(*, backend: str, claim_uid: str, devices: Sequence[DeviceEdits]) -> None:
     """Raise `ForbiddenEditError` when any device's edits are outside `backend`'s allowlist."""
-    rules = rules_for(backend)
-    rejected = [edit for edits in devices for edit in _rejected(rules, edits)]
+    rejected = [edit for edits in devices for edit in _rejected(backend, edits)]
     if rejected:
         raise _error(backend=backend, claim_uid=claim_uid, rejected=rejected)
 

@@ -15,10 +15,12 @@ never from an inventory value that names other devices (`allowlist.Own`):
   device listing two fails); `/dev/nvidiactl`, `/dev/nvidia-uvm`, `/dev/nvidia-uvm-tools` once
   per spec; `NVIDIA_VISIBLE_DEVICES=<UUIDs>` (one `GPU-` UUID per device). A MIG device gets
   its parent's node plus the GI and CI access capabilities of its own instance (of the
-  parent's minor, numbered as `/proc/driver/nvidia-caps/mig-minors` numbers them; a
-  partition's are the ones read when it was made) and `NVIDIA_VISIBLE_DEVICES=MIG-<uuid>`; a
-  MIG placement that does not exist yet (no UUID, no partition made for the claim) fails the
-  claim rather than hand out the whole GPU.
+  parent's minor, numbered as `/proc/driver/nvidia-caps/mig-minors` numbers them, see
+  `shared.vendors.nvidia.naming`; a partition's are the ones read when it was made) and
+  `NVIDIA_VISIBLE_DEVICES=MIG-<uuid>`. A MIG device that exists is published with its UUID and
+  capability nodes; an option made on demand (`createdOnDemand`) gets the partition made for
+  it at prepare; a MIG device with neither (no UUID, no partition made for the claim) fails
+  the claim rather than hand out the whole GPU.
 - `sim` (kinds `npu`, `gpu`, `mig`): the device's nodes and env from the inventory, as
   published (sim nodes map to /dev/null on the host, so no real control nodes are added), each
   numbered node and visible id bound to the device's own number (`npu-<n>`, `gpu-<n>`, a MIG
@@ -53,6 +55,7 @@ from services.allocation.partitions import Partition
 from shared import quantity
 from shared.errors import ClaimError
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors.nvidia import naming
 
 __all__ = [
     "ASCEND_CONTROL_NODES",
@@ -83,10 +86,7 @@ _VNPU_CHIP = re.compile(r"vir[0-9]+", re.ASCII)
 _GPU_UUID = re.compile(r"GPU-[0-9A-Fa-f-]{1,64}", re.ASCII)
 _MIG_UUID = re.compile(r"MIG-[0-9A-Za-z/-]{1,96}", re.ASCII)
 _NOT_ENV = re.compile(r"[^A-Z0-9]")
-_CAPS_DIR = "/dev/nvidia-caps/"
-# `/proc/driver/nvidia-caps/mig-minors`: after `config` (1) and `monitor` (2), each GPU minor
-# has 15 GPU instances of 9 minors: the GI's access, then its 8 CIs' access.
-_FIRST_GI_CAP, _GI_CAPS, _GIS_PER_GPU = 3, 9, 15
+_CAPS_DIR = naming.CAPS_DIR
 _ASCEND_KINDS = frozenset({"npu"})
 _NVIDIA_KINDS = frozenset({"gpu", "mig"})
 _SIM_KINDS = _ASCEND_KINDS | _NVIDIA_KINDS
@@ -220,9 +220,13 @@ def _mig_caps(device: inventory_pb2.Device, minor: int) -> tuple[list[Node], fro
     if len(minors) != len(caps) or not 1 <= len(minors) <= 2:
         return caps, frozenset()
     gi, cis = minors[0], minors[1:]
-    first = _FIRST_GI_CAP + _GI_CAPS * _GIS_PER_GPU * minor
-    own_gi = first <= gi < first + _GI_CAPS * _GIS_PER_GPU and (gi - first) % _GI_CAPS == 0
-    if not own_gi or not all(gi < ci < gi + _GI_CAPS for ci in cis):
+    # `mig-minors` numbering (`naming`): the GI access caps of GPU `minor`, each followed by
+    # the access caps of its CIs.
+    own_gi = any(
+        gi == naming.gpu_instance_cap(minor, instance)
+        for instance in range(naming.GPU_INSTANCES_PER_GPU)
+    )
+    if not own_gi or not all(gi < ci < gi + naming.CAPS_PER_GPU_INSTANCE for ci in cis):
         return caps, frozenset()
     return caps, frozenset(path for path, _ in caps)
 
@@ -253,11 +257,11 @@ def _nvidia(device: inventory_pb2.Device, *, claim_uid: str, partitioned: bool) 
     if not uuid:
         raise ClaimError(
             f"claim {claim_uid}: MIG device {device.name} does not exist yet (no UUID) and no "
-            "partition was made for it; making MIG devices at prepare time is not implemented "
-            "for the nvml backend",
+            "partition was made for it: the inventory publishes it neither as an existing MIG "
+            "device nor as an option made on demand (createdOnDemand)",
             claim_uid=claim_uid,
         )
-    visible = uuid if uuid.startswith("MIG-") else f"MIG-{uuid}"
+    visible = naming.mig_uuid(uuid)
     caps, own_caps = _mig_caps(device, int(minor))
     own = allowlist.Own(
         nodes=frozenset({node[0]}) | own_caps,

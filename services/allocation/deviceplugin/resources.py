@@ -18,12 +18,19 @@ A device ID is the inventory device name (a DNS label, within the kubelet's 63 c
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from shared.pb.drasuite.v1 import inventory_pb2
 
-__all__ = ["RESOURCE_NAME", "Resource", "parse_overrides", "resource_name", "resources"]
+__all__ = [
+    "RESOURCE_NAME",
+    "VENDOR_NAMES",
+    "Resource",
+    "parse_overrides",
+    "resource_name",
+    "resources",
+]
 
 RESOURCE_NAME = re.compile(
     r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
@@ -87,8 +94,22 @@ def _nvidia(device: inventory_pb2.Device) -> str | None:
         return "nvidia.com/gpu"
     profile = device.attributes["profile"].string if "profile" in device.attributes else ""
     if device.kind == "mig" and device.uuid and profile:
-        return f"nvidia.com/mig-{profile}"
+        # `+me` (media extensions) is no part of a resource name: NVIDIA's device plugin offers
+        # a `1g.10gb+me` device as `mig-1g.10gb`, and so does this front.
+        return f"nvidia.com/mig-{profile.partition('+')[0]}"
     return None
+
+
+def _none(_: inventory_pb2.Device) -> str | None:
+    return None
+
+
+VENDOR_NAMES: Mapping[str, tuple[frozenset[str], Callable[[inventory_pb2.Device], str | None]]] = {
+    "sim": (frozenset(), _none),
+    "nvml": (frozenset({"gpu", "mig"}), _nvidia),
+    "ascend": (frozenset({"npu"}), _ascend),
+}
+"""Per backend: the device kinds named as the vendor's device plugin names them, and how."""
 
 
 def resource_name(
@@ -97,10 +118,9 @@ def resource_name(
     """The resource `device` is offered as, or None when it is not offered."""
     if device.attributes[_ON_DEMAND].bool if _ON_DEMAND in device.attributes else False:
         return None
-    if backend == "ascend" and device.kind == "npu":
-        name = _ascend(device)
-    elif backend == "nvml" and device.kind in ("gpu", "mig"):
-        name = _nvidia(device)
+    kinds, vendor_name = VENDOR_NAMES[backend]
+    if device.kind in kinds:
+        name = vendor_name(device)
     elif device.parent:
         name = None  # a partition of a backend without static partitions
     else:

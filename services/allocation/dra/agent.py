@@ -39,6 +39,7 @@ from services.allocation.node_view.health_board import HealthBoard
 from services.allocation.node_view.inventory_cache import InventoryCache
 from services.allocation.partitions import by_backend
 from services.allocation.status.publisher import DeviceStatusPublisher, StatusAPI
+from services.allocation.vfio import binder as vfio_binder
 from shared import atomicfile, opsserver
 from shared.bus.connection import Bus
 from shared.errors import ConfigError
@@ -155,6 +156,7 @@ class AllocationAgent:
             metadata_files=self.metadata,
             device_metadata=device_metadata,
             mps=self.mps,
+            vfio=vfio_binder.build(config),
         )
         self.preparer = preparer
         await preparer.recover()

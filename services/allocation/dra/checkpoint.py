@@ -38,6 +38,7 @@ __all__ = [
     "PreparedDevice",
     "PreparedMps",
     "PreparedPartition",
+    "PreparedVfio",
     "decode",
     "encode",
     "safe_uid",
@@ -65,6 +66,9 @@ class PreparedDevice:
     device: str
     cdi_device_ids: tuple[str, ...]
     share_id: str | None = None
+    admin_access: bool = False
+    """The result had `adminAccess` (KEP-5018): the device as it is, no partition made for it
+    and no share of it taken; stored so that a replayed or recovered record keeps it so."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -90,6 +94,16 @@ class PreparedMps:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PreparedVfio:
+    """A device passed through to a virtual machine (docs/vfio.md): its PCI function and IOMMU
+    group, stored in PrepareStarted before any function is bound to vfio-pci."""
+
+    device: str
+    pci_bus_id: str
+    iommu_group: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PreparedClaim:
     """The stored answer to NodePrepareResources for one claim, and what was written for it."""
 
@@ -112,6 +126,9 @@ class PreparedClaim:
     mps: PreparedMps | None = None
     """The claim's MPS control daemon; stored in PrepareStarted before it is started, so that
     a crash never leaves one that no record names."""
+    vfio: tuple[PreparedVfio, ...] = ()
+    """The devices bound to vfio-pci for a virtual machine; stored in PrepareStarted before
+    any is bound (the original drivers are in the VFIO ledger, `services.allocation.vfio`)."""
 
     def completed(self) -> PreparedClaim:
         return replace(self, state=ClaimState.PREPARE_COMPLETED)
@@ -153,6 +170,11 @@ def encode(record: PreparedClaim) -> bytes:
             "threadPercentage": record.mps.thread_percentage,
             "pinnedMiB": list(record.mps.pinned_mib),
         }
+    if record.vfio:
+        document["vfio"] = [
+            {"deviceName": v.device, "pciBusID": v.pci_bus_id, "iommuGroup": v.iommu_group}
+            for v in record.vfio
+        ]
     document["checksum"] = _checksum(document)
     # Compact on purpose: `indent` would force the pure-Python encoder (~8x slower), and every
     # prepare writes two records. `jq .` shows a file readably.
@@ -168,6 +190,8 @@ def _encode_device(device: PreparedDevice) -> dict[str, Any]:
     }
     if device.share_id is not None:
         encoded["shareID"] = device.share_id
+    if device.admin_access:
+        encoded["adminAccess"] = True  # additive: older readers ignore it
     return encoded
 
 
@@ -199,6 +223,14 @@ def decode(data: bytes, *, path: Path) -> PreparedClaim:
                 for p in document.get("partitions") or ()
             ),
             mps=_decode_mps(document.get("mps")),
+            vfio=tuple(
+                PreparedVfio(
+                    device=str(v["deviceName"]),
+                    pci_bus_id=str(v["pciBusID"]),
+                    iommu_group=int(v["iommuGroup"]),
+                )
+                for v in document.get("vfio") or ()
+            ),
         )
     except (ValueError, TypeError, KeyError) as exc:
         raise CheckpointCorruptError(f"checkpoint {path}: {exc}", path=str(path)) from exc
@@ -223,6 +255,7 @@ def _decode_device(device: Mapping[str, Any]) -> PreparedDevice:
         device=str(device["deviceName"]),
         cdi_device_ids=tuple(str(i) for i in device["cdiDeviceIDs"]),
         share_id=None if share_id is None else str(share_id),
+        admin_access=device.get("adminAccess") is True,
     )
 
 

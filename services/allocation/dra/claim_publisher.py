@@ -56,7 +56,9 @@ def lookup_with(reader: ClaimReading) -> PodLookup:
 def to_message(
     record: PreparedClaim, *, node: str, pods: Sequence[PodRef], prepared_unix_ms: int
 ) -> claim_pb2.PreparedClaim:
-    """The KV value of a prepared claim (pure)."""
+    """The KV value of a prepared claim (pure). A device the claim bound to vfio-pci is marked
+    `DEVICE_PASSTHROUGH_VFIO`, so that the health agent stops judging it by its monitor."""
+    vfio = {v.device for v in record.vfio}
     return claim_pb2.PreparedClaim(
         driver=record.driver,
         node=node,
@@ -70,6 +72,11 @@ def to_message(
                 device=device.device,
                 share_id=device.share_id or "",
                 cdi_device_ids=list(device.cdi_device_ids),
+                passthrough=(
+                    claim_pb2.DEVICE_PASSTHROUGH_VFIO
+                    if device.device in vfio
+                    else claim_pb2.DEVICE_PASSTHROUGH_NONE
+                ),
             )
             for device in record.devices
         ],
@@ -208,7 +215,11 @@ class PreparedClaimPublisher:
                         if change.synced:
                             break
                         if change.value is not None and change.key.startswith(prefix):
-                            found[change.key.removeprefix(prefix)] = _decoded(change)
+                            # Unsigned (written before signatures): rewritten, signed.
+                            unsigned = self._bus.records.on and not change.signed
+                            found[change.key.removeprefix(prefix)] = (
+                                None if unsigned else _decoded(change)
+                            )
         except TimeoutError as exc:
             raise BusUnavailableError("listing prepared claims timed out", subject=keys) from exc
         return found

@@ -23,6 +23,7 @@ from shared import quantity
 __all__ = [
     "DEVICE_CONFIG",
     "DRIVER",
+    "PASSTHROUGH_VFIO",
     "Const",
     "Field",
     "FieldType",
@@ -47,6 +48,10 @@ class Strategy(enum.StrEnum):
     EXCLUSIVE = "Exclusive"
     TIME_SLICING = "TimeSlicing"
     SPACE_PARTITIONING = "SpacePartitioning"
+
+
+PASSTHROUGH_VFIO = "vfio"
+"""`passthrough: vfio`: the device goes to a virtual machine through VFIO (docs/vfio.md)."""
 
 
 class Interval(enum.StrEnum):
@@ -203,6 +208,9 @@ DEVICE_CONFIG = Object(
                 )
             ),
         ),
+        # `vfio`: each device is prepared for a virtual machine (docs/vfio.md), its PCI
+        # functions bound to vfio-pci; absent: for containers.
+        Field(name="passthrough", type=OneOf((PASSTHROUGH_VFIO,))),
     )
 )
 """`DeviceConfig`, as README.md's "Claim configuration" shows it."""

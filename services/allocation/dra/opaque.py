@@ -15,12 +15,13 @@ checkpoint in its normalised form (`encode`), so a repeated prepare answers the 
       timeSlicing: {interval: Short}   # Default | Short | Medium | Long
       # spacePartitioning: {computePercent: 50, memoryLimit: 10Gi}
     partition: {profile: 1g.10gb}      # optional: a partition of each device, made at prepare
+    passthrough: vfio                  # optional: for a virtual machine (docs/vfio.md)
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import ROUND_DOWN
 from typing import Any
 
@@ -74,6 +75,8 @@ class DeviceConfig:
     """SpacePartitioning only: a Kubernetes quantity, as written."""
     partition_profile: str | None = None
     """`partition.profile`: prepare makes a partition of this profile of each device."""
+    passthrough: str | None = None
+    """`vfio`: each device is bound to vfio-pci for a virtual machine (docs/vfio.md)."""
 
     @property
     def memory_limit_bytes(self) -> int | None:
@@ -98,6 +101,13 @@ def decode(parameters: Mapping[str, Any], *, driver: str, claim_uid: str = "") -
 
 def _read(document: Mapping[str, Any]) -> DeviceConfig:
     """The DeviceConfig of a document that passed the schema."""
+    config = _read_sharing(document)
+    if "passthrough" in document:
+        return replace(config, passthrough=document["passthrough"])
+    return config
+
+
+def _read_sharing(document: Mapping[str, Any]) -> DeviceConfig:
     profile = document["partition"]["profile"] if "partition" in document else None
     sharing = document.get("sharing", {})
     strategy = Strategy(sharing.get("strategy", Strategy.EXCLUSIVE))
@@ -190,4 +200,6 @@ def encode(config: DeviceConfig, *, driver: str) -> dict[str, Any]:
     document = {"apiVersion": api_version(driver), "kind": KIND, "sharing": sharing}
     if config.partition_profile is not None:
         document["partition"] = {"profile": config.partition_profile}
+    if config.passthrough is not None:
+        document["passthrough"] = config.passthrough
     return document

@@ -12,6 +12,17 @@ names the partitions to make and has no spec yet), then, once the partition mana
 them, with them (`partitions`, by the allocated device's name), which yields the spec naming
 each partition. An option's partition is named by the option (its profile, not a config's);
 a config that also sets `partition.profile` for it fails the claim.
+
+A result with admin access (KEP-5018, `adminAccess`) gets its device as it is: the device's
+own edits, no partition made for it, no share of it taken (no MPS daemon, no consumed capacity,
+no config of its request in force). An option made on demand (a partition that does not
+exist yet) or a `partition.profile` for it fails the claim: admin access never makes one.
+
+A claim whose configs say `passthrough: vfio` is prepared for a virtual machine
+(`services.allocation.vfio.plan`, docs/vfio.md): the record names each device's PCI function
+and IOMMU group (`vfio`), the spec hands only the VFIO nodes, and the device metadata that
+tells the VM's launcher the PCI address is written whatever `--device-metadata` says
+(`vfio_metadata_root`).
 """
 
 from __future__ import annotations
@@ -29,12 +40,14 @@ from services.allocation.dra.checkpoint import (
     PreparedClaim,
     PreparedDevice,
     PreparedPartition,
+    PreparedVfio,
 )
 from services.allocation.dra.claims import AllocatedClaim, DeviceResult
 from services.allocation.metadata import document
 from services.allocation.mps import layout as mps_layout
 from services.allocation.mps import limits as mps_limits
-from services.allocation.partitions import Partition, on_demand_option
+from services.allocation.partitions import OnDemandOption, Partition, on_demand_option
+from services.allocation.vfio import plan as vfio_plan
 from shared.errors import ClaimError, DeviceNotAllocatableError, InvalidOpaqueConfigError
 from shared.pb.drasuite.v1 import inventory_pb2
 
@@ -50,6 +63,7 @@ def plan(
     partitions: Mapping[str, Partition] | None = None,
     metadata_root: PurePosixPath | None = None,
     mps_root: PurePosixPath | None = None,
+    vfio_metadata_root: PurePosixPath | None = None,
 ) -> PreparedClaim:
     """What preparing `claim` means on this node; pure, raises the claim's error.
 
@@ -58,6 +72,8 @@ def plan(
     `metadata_root`: where device metadata files live (`metadata.files`); None: none written.
     `mps_root`: where MPS daemons keep their directories (`mps.daemons`); None: no daemon, a
     shared GPU gets only the MPS variables.
+    `vfio_metadata_root`: where a claim for a virtual machine gets its metadata files when
+    `metadata_root` is None (the VM's launcher finds the PCI address there).
     """
     ref = claim.ref
     resolved = [
@@ -66,8 +82,12 @@ def plan(
     ]
     requests = list(dict.fromkeys(result.request for result, _ in resolved))
     configs = opaque.resolve(claim.configs, requests, driver=driver, claim_uid=ref.uid)
+    vfio = vfio_plan.targets(resolved, configs, claim_uid=ref.uid)
+    if vfio and metadata_root is None:
+        metadata_root = vfio_metadata_root
     made = partitions or {}
     wanted = _partitions_wanted(resolved, configs, made, claim_uid=ref.uid)
+    configs = _without_admin_requests(configs, resolved)
     names = spec_files.device_names(
         ref.uid, [(r.request, r.device, r.share_id) for r, _ in resolved]
     )
@@ -87,6 +107,7 @@ def plan(
             backend=backend,
             metadata_root=metadata_root,
             mps_root=mps_root if mps is not None else None,
+            vfio=vfio,
         )
     elif resolved:
         # No partition is made of a device whose own edits its backend would not make.
@@ -113,6 +134,7 @@ def plan(
         partitions=wanted,
         device_metadata=bodies,
         mps=mps,
+        vfio=vfio,
     )
 
 
@@ -208,6 +230,7 @@ def _prepared_device(result: DeviceResult, *, name: str, driver: str) -> Prepare
         device=result.device,
         share_id=result.share_id,
         cdi_device_ids=(spec_files.device_id(driver, name),),
+        admin_access=result.admin_access,
     )
 
 
@@ -222,6 +245,7 @@ def _spec(
     backend: str,
     metadata_root: PurePosixPath | None,
     mps_root: PurePosixPath | None,
+    vfio: Sequence[PreparedVfio] = (),
 ) -> dict[str, object]:
     uid = claim.ref.uid
     uses = [
@@ -229,12 +253,21 @@ def _spec(
             request=result.request,
             device=device,
             share_id=result.share_id,
-            consumed=result.consumed_capacity,
-            partition=partitions.get(device.name),
+            # Admin access takes no share and gets no partition: the device as it is.
+            consumed={} if result.admin_access else result.consumed_capacity,
+            partition=None if result.admin_access else partitions.get(device.name),
         )
         for result, device in resolved
     ]
-    edits = claim_edits(backend=backend, claim_uid=uid, uses=uses, configs=configs)
+    if vfio:
+        edits = vfio_plan.claim_edits(
+            backend=backend,
+            claim_uid=uid,
+            uses=[(result.request, device, result.share_id) for result, device in resolved],
+            vfio=vfio,
+        )
+    else:
+        edits = claim_edits(backend=backend, claim_uid=uid, uses=uses, configs=configs)
     # One CDI device per use, named as the kubelet's answer names it (`spec_files.device_names`).
     devices = [replace(d, name=n) for d, n in zip(edits.devices, names, strict=True)]
     roots: tuple[PurePosixPath, ...] = ()
@@ -262,12 +295,15 @@ def _partitions_wanted(
     claim_uid: str,
 ) -> tuple[PreparedPartition, ...]:
     """One partition per device whose request's config names a profile (shares included), and
-    one per option made on demand, of the option's profile."""
+    one per option made on demand, of the option's profile; none for admin access."""
     wanted: dict[str, PreparedPartition] = {}
     for result, device in resolved:
         config = configs.get(result.request)
         configured = config.partition_profile if config is not None else None
         option = on_demand_option(device, claim_uid=claim_uid)
+        if result.admin_access:
+            _refuse_admin_partition(result, device, option, configured, claim_uid=claim_uid)
+            continue
         if option is not None and configured is not None:
             raise InvalidOpaqueConfigError(
                 f"prepare claim {claim_uid}: device {device.name} is a {option.profile} "
@@ -276,16 +312,59 @@ def _partitions_wanted(
                 claim_uid=claim_uid,
                 field="partition.profile",
             )
+        partition = made.get(result.device)
         profile = option.profile if option is not None else configured
+        if profile is None and partition is not None:
+            # Made for an option that the inventory now shows as the MIG device it became.
+            profile = partition.profile
         if profile is None or result.device in wanted:
             continue
-        partition = made.get(result.device)
         wanted[result.device] = PreparedPartition(
             device=result.device,
             profile=profile,
             partition_id=partition.id if partition is not None else "",
         )
     return tuple(wanted.values())
+
+
+def _refuse_admin_partition(
+    result: DeviceResult,
+    device: inventory_pb2.Device,
+    option: OnDemandOption | None,
+    configured: str | None,
+    *,
+    claim_uid: str,
+) -> None:
+    """Admin access gets a device as it is: one that would need a partition made fails."""
+    if option is not None:
+        raise DeviceNotAllocatableError(
+            f"prepare claim {claim_uid}: request {result.request} has admin access to "
+            f"{device.name}, a {option.profile} partition of {option.parent} that is made only "
+            "when a claim gets it, so it does not exist yet; admin access gets a device as it "
+            "is and never makes (or removes) a partition: ask for an existing device instead",
+            claim_uid=claim_uid,
+            device=device.name,
+        )
+    if configured is not None:
+        raise InvalidOpaqueConfigError(
+            f"prepare claim {claim_uid}: request {result.request} has admin access to device "
+            f"{device.name}, which it gets as it is: its config must not set "
+            f"partition.profile ({configured}); admin access never makes a partition",
+            claim_uid=claim_uid,
+            field="partition.profile",
+        )
+
+
+def _without_admin_requests(
+    configs: Mapping[str, opaque.DeviceConfig],
+    resolved: Sequence[tuple[DeviceResult, inventory_pb2.Device]],
+) -> dict[str, opaque.DeviceConfig]:
+    """The configs of the requests that are not admin access (all of whose results have it):
+    an admin request joins no sharing (no strategy, no MPS limits) and gets no partition."""
+    admin = {r.request for r, _ in resolved if r.admin_access} - {
+        r.request for r, _ in resolved if not r.admin_access
+    }
+    return {request: config for request, config in configs.items() if request not in admin}
 
 
 def find_device(

@@ -11,7 +11,11 @@ the partition manager make them (idempotent by claim UID and device), then plans
 them; an option made on demand is made as a partition of its parent at its own placement. A
 claim that shares a GPU (`mps`) stores PrepareStarted (naming its MPS daemon) durably, then
 starts or adopts its daemon, then writes its spec; recovery keeps the daemon of every completed
-claim running and stops those no record names.
+claim running and stops those no record names. A claim for a virtual machine (`vfio`,
+docs/vfio.md) stores PrepareStarted (naming each device's PCI function) durably, then has the
+VFIO binder move the functions to vfio-pci (recording their drivers first), then writes its
+spec; unprepare binds the original drivers back; recovery rebinds completed claims' functions
+and releases those of claims without a record.
 Unprepare removes the CDI spec, then the claim's metadata files, MPS daemon and partitions,
 then the checkpoint; unknown claims unprepare cleanly. A UID prepared under one claim name is
 refused under another. At start, partitions that no record names are orphans (a quarantined
@@ -49,6 +53,7 @@ from services.allocation.dra.serialize import InstanceLock
 from services.allocation.metadata.files import MetadataFiles
 from services.allocation.mps.daemons import MpsDaemons
 from services.allocation.partitions import Partition, PartitionManager, on_demand_option
+from services.allocation.vfio.binder import VfioBinder
 from shared import telemetry
 from shared.errors import ClaimError, ClaimUIDMismatchError
 from shared.pb.drasuite.v1 import inventory_pb2
@@ -137,12 +142,15 @@ class ClaimPreparer:
         metadata_files: MetadataFiles | None = None,
         device_metadata: bool = False,
         mps: MpsDaemons | None = None,
+        vfio: VfioBinder | None = None,
     ) -> None:
         """`backend`: the node's own (`--backend`), which picks the container edits and their
         allowlist, never the inventory's. `announce`: told of each completed prepare and
         unprepare (the prepared-claims KV). `metadata_files`: where device metadata files are
         kept (written, regenerated, removed); new claims get them only with `device_metadata`.
-        `mps`: the MPS control daemons; with it, a claim that shares a GPU gets its own."""
+        `mps`: the MPS control daemons; with it, a claim that shares a GPU gets its own.
+        `vfio`: binds devices to vfio-pci for claims that pass them through to a VM; None:
+        such claims fail."""
         self._claims = claims
         self._inventory = inventory
         self._checkpoints = checkpoints
@@ -162,6 +170,8 @@ class ClaimPreparer:
         )
         self._mps = mps
         self._mps_root = mps.mount_root if mps is not None else None
+        self._vfio = vfio
+        self._vfio_metadata_root = metadata_files.mount_root if metadata_files else None
 
     async def prepare_batch(
         self, refs: Sequence[ClaimRef], *, deadline: float | None = None
@@ -283,6 +293,12 @@ class ClaimPreparer:
                 await self._put_started(record)
                 await self._start_mps(record)
                 await self._write_spec(record)
+            elif record.vfio:
+                # A driver binding outlives the process: the record naming it is durable first.
+                self._check_vfio(record)
+                await self._put_started(record)
+                await self._bind_vfio(record)
+                await self._write_spec(record)
             else:
                 # PrepareStarted and the CDI spec may land in either order: a spec without a
                 # checkpoint is an orphan that recovery deletes. Only PrepareCompleted must
@@ -299,6 +315,7 @@ class ClaimPreparer:
             # A PrepareStarted record (a crash or failure mid-way) is finished from its stored
             # plan, so the answer stays the same whatever the inventory says now.
             await self._start_mps(record)
+            await self._bind_vfio(record)
             await self._write_spec(record)
         record = record.completed()
         await self._checkpoint(record)
@@ -374,6 +391,7 @@ class ClaimPreparer:
                 partitions=partitions,
                 metadata_root=self._metadata_root,
                 mps_root=self._mps_root,
+                vfio_metadata_root=self._vfio_metadata_root,
             )
 
     async def _checkpoint(self, record: PreparedClaim, *, durable: bool = True) -> None:
@@ -406,6 +424,25 @@ class ClaimPreparer:
             return
         await self._mps.ensure(record.uid, record.mps)
         self._crash_point("mps-started")
+
+    def _check_vfio(self, record: PreparedClaim) -> None:
+        if self._vfio is None:
+            raise ClaimError(
+                f"prepare claim {record.uid}: the {self._backend} backend of this node cannot "
+                "pass devices through to a virtual machine (sim: run with --sysfs-root of a "
+                "sim tree)",
+                claim_uid=record.uid,
+            )
+
+    async def _bind_vfio(self, record: PreparedClaim) -> None:
+        """Bind the claim's devices to vfio-pci, after the record naming them is stored."""
+        if not record.vfio:
+            return
+        self._check_vfio(record)
+        assert self._vfio is not None  # checked above
+        with _step("allocation.vfio_bind", record.uid):
+            await self._vfio.bind(record.uid, record.vfio)
+        self._crash_point("vfio-bound")
 
     async def _put_started(self, record: PreparedClaim, *, durable: bool = True) -> None:
         await self._checkpoint(record, durable=durable)
@@ -487,6 +524,9 @@ class ClaimPreparer:
                         ) from exc
                 if self._mps is not None:
                     await self._mps.stop(ref.uid)
+                if self._vfio is not None and (record is None or record.vfio):
+                    # Without a record: a ledger kept when the checkpoint directory was lost.
+                    await self._vfio.release(ref.uid)
                 if record is not None and record.partitions and self._partitions is not None:
                     await self._partitions.delete_claim(ref.uid)
                 await self._checkpoints.delete(ref.uid)
@@ -524,6 +564,7 @@ class ClaimPreparer:
                 if self._checkpoints.get(uid) is None:
                     await self._remove_orphan_metadata(uid)
             await self._recover_mps()
+            await self._recover_vfio()
             await self._remove_orphan_partitions()
 
     async def _remove_orphan_spec(self, uid: str) -> None:
@@ -569,6 +610,18 @@ class ClaimPreparer:
                     log.warning("mps_daemon_orphan_stopped", claim_uid=uid)
                 except ClaimError as exc:
                     log.error("mps_daemon_orphan_kept", claim_uid=uid, error=str(exc))
+
+    async def _recover_vfio(self) -> None:
+        """Functions of completed claims are on vfio-pci again; those of claims without a
+        record go back to their drivers (kept when the checkpoint directory was lost)."""
+        if self._vfio is None:
+            return
+        records = self._checkpoints.records()
+        await self._vfio.recover(
+            completed={r.uid for r in records if r.state is ClaimState.PREPARE_COMPLETED},
+            started={r.uid for r in records if r.state is ClaimState.PREPARE_STARTED},
+            keep_orphans=self._checkpoints.lost_at_start,
+        )
 
     async def _remove_orphan_partitions(self) -> None:
         """Partitions of claims without a record: made before a record was quarantined. Kept

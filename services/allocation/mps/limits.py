@@ -1,7 +1,8 @@
 """Which GPUs of a claim its MPS daemon serves, and with which limits (pure).
 
 A GPU (kind `gpu`; MIG devices are isolated by MIG) is served when the claim got a share of
-it (a share ID: consumable capacity) or its request's config asks for `SpacePartitioning`.
+it (a share ID: consumable capacity) or its request's config asks for `SpacePartitioning`, and
+never for a result with admin access (it gets the GPU as it is, outside any sharing).
 Each served GPU's pinned device memory limit is the lower of the claim's consumed `memory` of
 it (its shares summed) and the config's `memoryLimit`. The daemon's active thread percentage is
 the config's `computePercent`; without one, the largest fraction of a served GPU's memory the
@@ -64,7 +65,10 @@ def plan(
 def served(
     result: DeviceResult, device: inventory_pb2.Device, config: opaque.DeviceConfig | None
 ) -> bool:
-    """Whether the claim's daemon serves this result's GPU."""
+    """Whether the claim's daemon serves this result's GPU; never one with admin access, which
+    takes no share of it (KEP-5018)."""
+    if result.admin_access:
+        return False
     partitioning = config is not None and config.strategy is Strategy.SPACE_PARTITIONING
     return device.kind == "gpu" and (result.share_id is not None or partitioning)
 

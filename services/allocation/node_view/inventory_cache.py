@@ -39,6 +39,8 @@ class InventoryCache:
         self.backend = backend
         self._inventory: inventory_pb2.Inventory | None = None
         self._encoded = b""
+        # Whether its owner signed the inventory in force (never for the copy on disk).
+        self._signed = False
 
     @property
     def current(self) -> inventory_pb2.Inventory | None:
@@ -66,15 +68,23 @@ class InventoryCache:
             self._inventory, self._encoded = inventory, codec.encode(inventory)
             log.info("inventory_loaded", devices=len(inventory.devices), source="disk")
 
-    async def update(self, inventory: inventory_pb2.Inventory) -> bool:
-        """Adopt `inventory` and persist it; returns False when nothing changed or it is foreign."""
+    async def update(self, inventory: inventory_pb2.Inventory, *, signed: bool = False) -> bool:
+        """Adopt `inventory` and persist it; returns False when nothing changed or it is foreign.
+        `signed`: its owner signed it (`inventory_sanity`)."""
         if not self._accept(inventory):
             return False
         encoded = codec.encode(inventory)
         if encoded == self._encoded:
+            self._signed = self._signed or signed
             return False
         if (
-            reason := inventory_sanity.problem(inventory, last=self._inventory, same_backend=True)
+            reason := inventory_sanity.problem(
+                inventory,
+                last=self._inventory,
+                same_backend=True,
+                signed=signed,
+                last_signed=self._signed,
+            )
         ) is not None:
             instruments.INVENTORY_REJECTED.add(1, {"reason": reason})
             log.warning(
@@ -91,7 +101,7 @@ class InventoryCache:
         except OSError as exc:
             # Serving from memory still works; only a restart with NATS down would suffer.
             log.warning("inventory_persist_failed", path=str(self.path), error=str(exc))
-        self._inventory, self._encoded = inventory, encoded
+        self._inventory, self._encoded, self._signed = inventory, encoded, signed
         log.info(
             "inventory_updated", devices=len(inventory.devices), generation=inventory.generation
         )

@@ -76,7 +76,7 @@ async def _apply_inventory(
         owner = f"{inventory.driver[:64]!r}/{inventory.node[:64]!r}"
         log.error("inventory_malformed", key=change.key, error=f"an inventory of {owner}")
         return
-    if await cache.update(inventory):
+    if await cache.update(inventory, signed=change.signed):
         board.set_devices(cache.device_names())
 
 

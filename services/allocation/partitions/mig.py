@@ -5,8 +5,11 @@ with one compute instance (CI) of the GI's full size; the container sees it as
 `NVIDIA_VISIBLE_DEVICES=MIG-<uuid>` with the parent's `/dev/nvidia<minor>` and the GI's and
 CI's `/dev/nvidia-caps/nvidia-cap<N>` nodes, N read from the driver's
 `/proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<gi>[/ci<ci>]/access` (`DeviceFileMinor`).
-A device of kind `mig` (a placement published by discovery) is made at its own placement, and
-so is a partition asked for at a `placement` (an option made on demand, made on its parent).
+A partition asked for at a `placement` (an option made on demand, made on its parent) is made
+there. A device of kind `mig` (a MIG slot discovery publishes) stands for its parent at its own
+`placementStart`: it is recorded and found as the parent's partition at that placement, so a
+slot whose MIG device discovery publishes as existing once it was made (the same name, now
+with a UUID) is still the partition made for the claim when its prepare is retried.
 
 Crash safety: an entry naming (claim, device) -> (GPU UUID, GI profile, placement) is written
 to `mig-partitions.json` *before* the GI is made, and its GI and CI ids after each is made. A
@@ -35,16 +38,13 @@ import structlog
 
 from services.allocation.partitions import Partition, mig_nvml
 from services.allocation.partitions.ledger import MALFORMED, Entry, StateFile, to_partition
-from services.allocation.partitions.mig_nvml import (
-    GpuInstance,
-    GpuInstanceProfile,
-    MigLibrary,
-    Placement,
-)
+from services.allocation.partitions.mig_nvml import MigLibrary
 from services.allocation.partitions.nvidia_caps import CapsNodeError, CapsNodes
 from shared.errors import BackendLoadError, ClaimError, InvalidOpaqueConfigError
 from shared.nvml import ERROR_NOT_FOUND, Handle, NVMLCallError
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors.nvidia import naming
+from shared.vendors.nvidia.mig import GpuInstance, GpuInstanceProfile, Placement, is_profile_name
 
 __all__ = ["CAPABILITIES_ROOT", "KIND", "MigPartitionManager"]
 
@@ -53,16 +53,9 @@ T = TypeVar("T")
 
 KIND = "MigPartitions"
 CAPABILITIES_ROOT = Path("/proc/driver/nvidia/capabilities")
-_PROFILE_NAME = re.compile(r"^(\d+c\.)?\d+g\.\d+gb([+-][a-z0-9]+)*$")
 _GPU_NODE = re.compile(r"^/dev/nvidia\d+$")
 _CAP_MINOR = re.compile(r"^DeviceFileMinor:\s*(\d+)\s*$", re.MULTILINE)
-_CAPS_NODE = "/dev/nvidia-caps/nvidia-cap{}"
 _NO_ROOM = frozenset({mig_nvml.ERROR_INSUFFICIENT_RESOURCES, mig_nvml.ERROR_IN_USE})
-
-
-def _profile_name(info: GpuInstanceProfile) -> str:
-    """`MIG 1g.10gb` -> `1g.10gb`."""
-    return info.name.removeprefix("MIG").strip()
 
 
 def _attribute(device: inventory_pb2.Device, name: str) -> inventory_pb2.AttributeValue | None:
@@ -73,6 +66,15 @@ def _recorded_start(entry: Entry) -> object:
     """The start an entry records (None when it has none: a hand-edited entry)."""
     placement = entry.get("placement")
     return placement.get("start") if isinstance(placement, dict) else None
+
+
+def _slot(device: inventory_pb2.Device, placement: int | None) -> tuple[str, int | None]:
+    """The GPU a partition of `device` is carved from (its name) and where: a MIG slot is its
+    parent at its own `placementStart`; anything else is itself, at `placement`."""
+    start = _attribute(device, "placementStart")
+    if device.kind == "mig" and device.parent and start is not None:
+        return device.parent, start.int
+    return device.name, placement
 
 
 def _placement(entry: Entry) -> Placement:
@@ -119,7 +121,7 @@ class MigPartitionManager:
 
         if device.kind not in ("gpu", "mig"):
             raise invalid(f"MIG profiles need a GPU; {device.name} is a {device.kind or 'device'}")
-        if not _PROFILE_NAME.match(profile):
+        if not is_profile_name(profile):
             raise invalid(f"{profile!r} is not a MIG profile name (like 1g.10gb or 3g.40gb)")
         capable = _attribute(device, "migCapable")
         if device.kind == "gpu" and capable is not None and not capable.bool:
@@ -187,11 +189,13 @@ class MigPartitionManager:
         self, claim_uid: str, device: inventory_pb2.Device, profile: str, placement: int | None
     ) -> Partition:
         entries = self.state.read(claim_uid)
+        carved_from, placement = _slot(device, placement)
         entry = next(
             (
                 e
                 for e in entries
-                if (e["claimUID"], e["device"]) == (claim_uid, device.name)
+                if e["claimUID"] == claim_uid
+                and e["device"] in (carved_from, device.name)
                 and (placement is None or _recorded_start(e) == placement)
             ),
             None,
@@ -205,7 +209,7 @@ class MigPartitionManager:
         op = _Operation(self, self._nvml(claim_uid), claim_uid=claim_uid, device=device)
         try:
             if entry is None:
-                entry = op.plan(profile, entries, placement)
+                entry = op.plan(profile, entries, placement, carved_from=carved_from)
                 entries.append(entry)
                 self.state.write(entries, claim_uid)
             else:
@@ -285,9 +289,11 @@ class _Operation:
                 raise self.fail(f"GPU {uuid} of {self.device.name} is not on this node") from exc
             raise self.fail(f"looking up GPU {uuid} of {self.device.name}: {exc}") from exc
 
-    def plan(self, profile: str, entries: Sequence[Entry], start: int | None) -> Entry:
-        """The entry for a new partition: its GPU, GI profile and a free placement (at
-        `start` when given)."""
+    def plan(
+        self, profile: str, entries: Sequence[Entry], start: int | None, *, carved_from: str
+    ) -> Entry:
+        """The entry for a new partition of `carved_from` (a GPU's name): its GPU, GI profile
+        and a free placement (at `start` when given)."""
         uuid = self.gpu_uuid()
         handle = self.handle(uuid)
         self.require_mig_mode(handle, uuid)
@@ -295,7 +301,7 @@ class _Operation:
         placement = self.free_placement(handle, info, profile, uuid, entries, start)
         return {
             "claimUID": self.claim_uid,
-            "device": self.device.name,
+            "device": carved_from,
             "profile": profile,
             "gpuUUID": uuid,
             "profileId": info.id,
@@ -333,9 +339,9 @@ class _Operation:
     def gi_profile(self, handle: Handle, profile: str) -> GpuInstanceProfile:
         profiles = self.gi_profiles(handle)
         for info in profiles:
-            if _profile_name(info) == profile:
+            if info.short_name == profile:
                 return info
-        known = ", ".join(_profile_name(p) for p in profiles) or "none"
+        known = ", ".join(p.short_name for p in profiles) or "none"
         raise InvalidOpaqueConfigError(
             f"partition.profile: {profile!r} is not a MIG profile of {self.device.name} "
             f"(profiles: {known})",
@@ -407,7 +413,7 @@ class _Operation:
         minor = self.call("reading the GPU minor number", self.library.minor_number, handle)
         gi_dir = self.manager.capabilities_root / f"gpu{minor}" / "mig" / f"gi{gi.id}"
         caps = [self.cap_node(gi_dir / "access"), self.cap_node(gi_dir / f"ci{ci}" / "access")]
-        mig = mig if mig.startswith("MIG-") else f"MIG-{mig}"
+        mig = naming.mig_uuid(mig)
         entry.update(
             id=mig,
             env={"NVIDIA_VISIBLE_DEVICES": mig},
@@ -471,7 +477,7 @@ class _Operation:
                 self.manager.caps_nodes.ensure(int(match.group(1)))
             except CapsNodeError as exc:
                 raise self.fail(f"MIG capability of {self.device.name}: {exc}") from exc
-        return _CAPS_NODE.format(match.group(1)), ""
+        return naming.caps_node(int(match.group(1))), ""
 
     def gpu_node(self, minor: int) -> tuple[str, str]:
         for node in self.device.device_nodes:

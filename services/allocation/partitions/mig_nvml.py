@@ -3,7 +3,9 @@
 Making a MIG device takes a GPU instance (GI) of a profile at a placement of memory slices,
 then a compute instance (CI) inside it; the MIG device's UUID is read from its handle
 (docs/hardware.md §1.1, 2.2). GIs and CIs are named by their ids on the parent GPU, never by NVML
-handles, so the manager can record them and find them again after a restart.
+handles, so the manager can record them and find them again after a restart. The profile,
+placement and instance types are `shared.vendors.nvidia.mig`'s, as discovery reads them; the
+calls discovery makes too (profiles, placements, GPU instances, MIG devices) are `shared.nvml`'s.
 `PynvmlMig` imports `pynvml` only when opened (`open_library`); a failed call raises
 `NVMLCallError`. Every call blocks: callers run them in a worker thread. The test double is
 `tests/fakes/nvml_mig.py`.
@@ -17,13 +19,13 @@ from typing import Any, Protocol
 
 from shared.nvml import (
     ERROR_NOT_FOUND,
+    GI_PROFILE_ENUM_COUNT,
     Handle,
     NVMLCallError,
-    Placement,
     PynvmlBase,
     import_pynvml,
-    text,
 )
+from shared.vendors.nvidia.mig import GpuInstance, GpuInstanceProfile, Placement
 
 __all__ = [
     "CI_PROFILE_ENUM_COUNT",
@@ -32,10 +34,7 @@ __all__ = [
     "ERROR_IN_USE",
     "GI_PROFILE_ENUM_COUNT",
     "ComputeInstanceProfile",
-    "GpuInstance",
-    "GpuInstanceProfile",
     "MigLibrary",
-    "Placement",
     "PynvmlMig",
     "open_library",
 ]
@@ -45,36 +44,13 @@ ERROR_IN_USE = 19
 ERROR_INSUFFICIENT_RESOURCES = 23
 """NVML_ERROR_INSUFFICIENT_RESOURCES: the placement's slices, or all of the profile's
 instances, are taken."""
-GI_PROFILE_ENUM_COUNT = 0x12
-"""`NVML_GPU_INSTANCE_PROFILE_COUNT`: GI profile enums are probed 0..COUNT-1."""
 CI_PROFILE_ENUM_COUNT = 0x9
 """`NVML_COMPUTE_INSTANCE_PROFILE_COUNT`."""
 CI_PROFILE_SHARED_ENUM = 0x7
 """`NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE_REV1`: shares its slice with another CI; never used."""
 _ENGINE_PROFILE_SHARED = 0
 _MAX_INSTANCES = 32
-"""Room for the instance lists NVML fills (a GPU holds at most 7 GIs, a GI at most 7 CIs)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GpuInstanceProfile:
-    """`nvmlDeviceGetGpuInstanceProfileInfo` (v2), what the manager needs of it."""
-
-    id: int
-    """The GI profile id (19 = 1g, 0 = 7g, …), not the enum it was asked by."""
-    name: str
-    """As NVML reports it, e.g. `MIG 1g.10gb`."""
-    slice_count: int
-    instance_count: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GpuInstance:
-    """`nvmlGpuInstanceGetInfo` of one GI."""
-
-    id: int
-    profile_id: int
-    placement: Placement
+"""Room for the compute-instance lists NVML fills (a GI holds at most 7 CIs)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -126,26 +102,6 @@ class PynvmlMig(PynvmlBase):
     def mig_mode(self, handle: Handle) -> tuple[int, int]:
         current, pending = self._call("nvmlDeviceGetMigMode", handle)
         return int(current), int(pending)
-
-    def gpu_instance_profile(self, handle: Handle, enum: int) -> GpuInstanceProfile:
-        info = self._call("nvmlDeviceGetGpuInstanceProfileInfo", handle, enum)
-        return GpuInstanceProfile(
-            id=int(info.id),
-            name=text(info.name),
-            slice_count=int(info.sliceCount),
-            instance_count=int(info.instanceCount),
-        )
-
-    def _gpu_instance_info(self, instance: Any) -> GpuInstance:
-        info = self._call("nvmlGpuInstanceGetInfo", instance)
-        placement = Placement(int(info.placement.start), int(info.placement.size))
-        return GpuInstance(id=int(info.id), profile_id=int(info.profileId), placement=placement)
-
-    def gpu_instances(self, handle: Handle, profile_id: int) -> tuple[GpuInstance, ...]:
-        array = (self._nvml.c_nvmlGpuInstance_t * _MAX_INSTANCES)()
-        count = ctypes.c_uint(0)
-        self._call("nvmlDeviceGetGpuInstances", handle, profile_id, array, ctypes.byref(count))
-        return tuple(self._gpu_instance_info(array[i]) for i in range(count.value))
 
     def create_gpu_instance(
         self, handle: Handle, profile_id: int, placement: Placement
@@ -199,19 +155,9 @@ class PynvmlMig(PynvmlBase):
         self._call("nvmlComputeInstanceDestroy", created)
 
     def mig_device_uuid(self, handle: Handle, gpu_instance: int, compute_instance: int) -> str:
-        for index in range(int(self._call("nvmlDeviceGetMaxMigDeviceCount", handle))):
-            try:
-                mig = self._call("nvmlDeviceGetMigDeviceHandleByIndex", handle, index)
-            except NVMLCallError as exc:
-                if exc.code == ERROR_NOT_FOUND:
-                    continue  # an empty slot
-                raise
-            ids = (
-                int(self._call("nvmlDeviceGetGpuInstanceId", mig)),
-                int(self._call("nvmlDeviceGetComputeInstanceId", mig)),
-            )
-            if ids == (gpu_instance, compute_instance):
-                return self.uuid(mig)
+        for mig in self.mig_devices(handle):
+            if (mig.gpu_instance, mig.compute_instance) == (gpu_instance, compute_instance):
+                return mig.uuid
         raise NVMLCallError(
             "nvmlDeviceGetMigDeviceHandleByIndex",
             code=ERROR_NOT_FOUND,

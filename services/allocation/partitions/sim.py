@@ -16,12 +16,12 @@ without a placement takes no particular slices, only room.
 
 Profiles: GPU (kind `gpu`) H100-80GB MIG names (docs/hardware.md §1.2), identity `MIG-<uuid4>`,
 nodes: the GPU's own plus `/dev/nvidia-caps/nvidia-cap<gi>` and `<ci>`, numbered as in
-`/proc/driver/nvidia-caps/mig-minors` (3 + 9 * (15 * gpu + gi), the CI after it; a model, not
-in docs/hardware.md). NPU (kind `npu`) vNPU templates (docs/hardware.md §3.6), identity the vNPU id
-in
-`[phy*16+100, phy*16+115]`, node `/dev/davinci<vnpu>` with `ASCEND_VISIBLE_DEVICES=<vnpu>` and
-`ASCEND_RUNTIME_OPTIONS=VIRTUAL`. Host paths are the device's own host path (`/dev/null` in the
-shipped profiles), so specs also run under a real runtime.
+`/proc/driver/nvidia-caps/mig-minors` (`shared.vendors.nvidia.naming`: 3 + 9 * (15 * gpu + gi),
+the CI after it; a model, not in docs/hardware.md). NPU (kind `npu`) vNPU templates
+(docs/hardware.md §3.6), identity the vNPU id in `[phy*16+100, phy*16+115]`, node
+`/dev/davinci<vnpu>` with `ASCEND_VISIBLE_DEVICES=<vnpu>` and `ASCEND_RUNTIME_OPTIONS=VIRTUAL`.
+Host paths are the device's own host path (`/dev/null` in the shipped profiles), so specs also
+run under a real runtime.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ from services.allocation.partitions import Partition
 from shared import atomicfile
 from shared.errors import ClaimError, InvalidOpaqueConfigError
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors.nvidia import naming
+from shared.vendors.nvidia.mig import COMPUTE_SLICES, H100_80GB, MEMORY_SLICES
 
 __all__ = [
     "API_VERSION",
@@ -57,26 +59,12 @@ log = structlog.get_logger(__name__)
 API_VERSION = "dra-suite.io/v1"
 KIND = "SimPartitions"
 GPU_PROFILES: dict[str, tuple[int, int]] = {
-    "1g.10gb": (1, 1),
-    "1g.10gb+me": (1, 1),
-    "1g.20gb": (1, 2),
-    "2g.20gb": (2, 2),
-    "3g.40gb": (3, 4),
-    "4g.40gb": (4, 4),
-    "7g.80gb": (7, 8),
+    p.name: (p.info.slice_count, p.memory_slices) for p in H100_80GB
 }
 """Profile -> (compute slices, memory slices) of an H100-80GB."""
-GPU_PLACEMENTS: dict[str, tuple[int, ...]] = {
-    "1g.10gb": (0, 1, 2, 3, 4, 5, 6),
-    "1g.10gb+me": (0, 1, 2, 3, 4, 5, 6),
-    "1g.20gb": (0, 2, 4, 6),
-    "2g.20gb": (0, 2, 4),
-    "3g.40gb": (0, 4),
-    "4g.40gb": (0,),
-    "7g.80gb": (0,),
-}
+GPU_PLACEMENTS: dict[str, tuple[int, ...]] = {p.name: p.starts for p in H100_80GB}
 """Profile -> the memory slices an H100-80GB instance of it may start at."""
-_GPU_SLICES = (7, 8)
+_GPU_SLICES = (COMPUTE_SLICES, MEMORY_SLICES)
 _GPU_INSTANCES = 7
 NPU_TEMPLATES = frozenset(
     {
@@ -335,11 +323,11 @@ class SimPartitionManager:
 
 def _gpu_edits(device: inventory_pb2.Device, gi: int) -> dict[str, Any]:
     gpu = _int_attribute(device, "index", "minor")
-    gi_minor = 3 + 9 * (15 * gpu + gi)
     host = _host(device, "")
-    caps = [(f"/dev/nvidia-caps/nvidia-cap{m}", host) for m in (gi_minor, gi_minor + 1)]
+    minors = (naming.gpu_instance_cap(gpu, gi), naming.compute_instance_cap(gpu, gi, 0))
+    caps = [(naming.caps_node(m), host) for m in minors]
     own = [(node.path, node.host_path) for node in device.device_nodes]
-    mig = f"MIG-{uuid.uuid4()}"
+    mig = naming.mig_uuid(str(uuid.uuid4()))
     return {"id": mig, "env": {"NVIDIA_VISIBLE_DEVICES": mig}, "deviceNodes": own + caps}
 
 

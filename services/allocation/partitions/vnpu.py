@@ -3,7 +3,10 @@
 A partition of an NPU is a vNPU of a template (`vir05_1c_8g`, …) made with `npu-smi set -t
 create-vnpu` on the chip's card and chip ids (from `npu-smi info -m`), under an id this manager
 picks: the lowest one of `[phy*16+100, phy*16+115]` the chip does not list and no entry holds
-(docs/hardware.md §3.6). The container gets `/dev/vdavinci<id>` (host) as `/dev/davinci<id>` with
+(docs/hardware.md §3.6). npu-smi's output is read by the one Ascend parser every agent uses
+(`shared.vendors.ascend.npusmi`, which raises `NpuSmiError`); its test double is
+`tests/fakes/npusmi_vnpu.py`. The container gets `/dev/vdavinci<id>` (host) as
+`/dev/davinci<id>` with
 `ASCEND_VISIBLE_DEVICES=<id>` and `ASCEND_RUNTIME_OPTIONS=VIRTUAL` (docs/hardware.md §3.5); the
 control nodes stay the device's.
 
@@ -25,12 +28,14 @@ from pathlib import Path
 
 import structlog
 
-from services.allocation.partitions import Partition, vnpu_npusmi
+from services.allocation.partitions import Partition
 from services.allocation.partitions.ledger import MALFORMED, Entry, StateFile, to_partition
-from services.allocation.partitions.vnpu_npusmi import ChipLocation, VnpuListing
+from shared import commands
 from shared.commands import CommandFailedError, CommandRunner
 from shared.errors import ClaimError, InvalidOpaqueConfigError
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors.ascend import devices, npusmi
+from shared.vendors.ascend.npusmi import ChipLocation, NpuSmiError, VnpuListing
 
 __all__ = ["KIND", "VNPU_IDS", "VnpuPartitionManager", "vnpu_ids"]
 
@@ -39,7 +44,6 @@ log = structlog.get_logger(__name__)
 KIND = "VnpuPartitions"
 VNPU_IDS = 16
 """vNPU ids per chip: `[phy*16+100, phy*16+115]` (training; inference uses the first 8)."""
-_TEMPLATE = re.compile(r"^vir(\d+)(_[a-z0-9]+)*$")
 _VNPU_CHIP = re.compile(r"vir\d+")
 
 
@@ -55,8 +59,7 @@ def _int_attribute(device: inventory_pb2.Device, *names: str) -> int | None:
 
 
 def _template_cores(template: str) -> int:
-    match = _TEMPLATE.match(template)
-    return int(match.group(1)) if match else 0
+    return devices.template_cores(template) or 0
 
 
 class VnpuPartitionManager:
@@ -66,7 +69,7 @@ class VnpuPartitionManager:
         self,
         path: Path,
         *,
-        run_command: CommandRunner = vnpu_npusmi.run_command,
+        run_command: CommandRunner = commands.run_command,
         npu_smi: str = "npu-smi",
         timeout_s: float = 30.0,
     ) -> None:
@@ -96,7 +99,7 @@ class VnpuPartitionManager:
             raise invalid(
                 f"vNPU templates need an NPU; {device.name} is a {device.kind or 'device'}"
             )
-        if not _TEMPLATE.match(profile):
+        if devices.template_cores(profile) is None:
             raise invalid(f"{profile!r} is not a vNPU template name (like vir05_1c_8g)")
         if placement is not None:
             raise invalid(f"vNPUs have no placements; {device.name} was asked for {placement}")
@@ -182,8 +185,8 @@ class VnpuPartitionManager:
         its physical id), as discovery names devices; else a card with this id and one chip."""
         output = await self._npu_smi(claim_uid, "info", "-m")
         try:
-            chips = vnpu_npusmi.parse_chip_map(output)
-        except CommandFailedError as exc:
+            chips = npusmi.parse_chip_map(output)
+        except NpuSmiError as exc:
             raise ClaimError(f"claim {claim_uid}: {exc}", claim_uid=claim_uid) from exc
         index = _int_attribute(device, "index")
         if index is None:
@@ -208,8 +211,8 @@ class VnpuPartitionManager:
         args = ("info", "-t", "info-vnpu", "-i", str(card), "-c", str(chip))
         output = await self._npu_smi(claim_uid, *args)
         try:
-            return vnpu_npusmi.parse_vnpus(output)
-        except CommandFailedError as exc:
+            return npusmi.parse_vnpus(output)
+        except NpuSmiError as exc:
             raise ClaimError(f"claim {claim_uid}: {exc}", claim_uid=claim_uid) from exc
 
     async def _plan(
@@ -276,13 +279,13 @@ class VnpuPartitionManager:
         card, chip, vnpu = str(entry["card"]), str(entry["chip"]), int(entry["vnpuId"])
         device, template = entry["device"], str(entry["profile"])
         args = ("set", "-t", "create-vnpu", "-i", card, "-c", chip, "-f", template)
-        failure: CommandFailedError | None = None
+        failure: CommandFailedError | NpuSmiError | None = None
         try:
             output = await self._run(
                 [self.npu_smi, *args, "-v", str(vnpu)], timeout_s=self.timeout_s
             )
-            vnpu_npusmi.check_status(output, f"npu-smi create-vnpu {template} on {device}")
-        except CommandFailedError as exc:
+            npusmi.check_status(output, f"npu-smi create-vnpu {template} on {device}")
+        except (CommandFailedError, NpuSmiError) as exc:
             failure = exc
         listed = (await self._list(claim_uid, int(card), int(chip))).vnpus
         if listed.get(vnpu) == template:
@@ -310,6 +313,6 @@ class VnpuPartitionManager:
         args = ("set", "-t", "destroy-vnpu", "-i", str(card), "-c", str(chip), "-v", str(vnpu))
         output = await self._npu_smi(claim_uid, *args)
         try:
-            vnpu_npusmi.check_status(output, f"npu-smi destroy-vnpu {vnpu} on {entry['device']}")
-        except CommandFailedError as exc:
+            npusmi.check_status(output, f"npu-smi destroy-vnpu {vnpu} on {entry['device']}")
+        except NpuSmiError as exc:
             raise ClaimError(f"claim {claim_uid}: {exc}", claim_uid=claim_uid) from exc

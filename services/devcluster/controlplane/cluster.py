@@ -41,6 +41,20 @@ SERVICE_CIDR = "10.0.0.0/24"
 _CONTROLLERS = ",".join(
     ["*", "device-taint-eviction-controller", "-node-lifecycle-controller", "-node-ipam-controller"]
 )
+AUDIT_POLICY = """\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+- level: None
+  userGroups: ["system:serviceaccounts:kube-system"]
+- level: Metadata
+  userGroups: ["system:serviceaccounts"]
+- level: None
+"""
+"""Every request of a workload's ServiceAccount (an agent's token), at Metadata level: who,
+verb, resource, the authorizer's decision and the response code. The controller-manager's
+accounts (kube-system), the scheduler and the admin are left out: they are most of the traffic."""
 
 
 class ControlPlaneStartError(RuntimeError):
@@ -68,6 +82,11 @@ class RealControlPlane:
     def issuer(self) -> str:
         """The ServiceAccount issuer: kube-apiserver's own URL, so its OIDC discovery is real."""
         return self.url
+
+    @property
+    def audit_log(self) -> Path:
+        """kube-apiserver's audit log: one JSON event a line (`AUDIT_POLICY` says which)."""
+        return self.workdir / "logs" / "audit.log"
 
     @property
     def admin_kubeconfig(self) -> Path:
@@ -169,6 +188,10 @@ class RealControlPlane:
             "--endpoint-reconciler-type=none",
             "--profiling=false",
             f"--cert-dir={self.workdir / 'apiserver-certs'}",
+            f"--audit-policy-file={self._audit_policy()}",
+            f"--audit-log-path={self.audit_log}",
+            "--audit-log-format=json",
+            "--audit-log-mode=blocking",  # the default: no batching, so no event waits in a buffer
         ]
         args += self._gate_args()
         if self.release.runtime_config:
@@ -224,6 +247,11 @@ class RealControlPlane:
         )
         url = f"https://127.0.0.1:{port}/healthz"
         await self._until_healthy("kube-controller-manager", url, _no_verify())
+
+    def _audit_policy(self) -> Path:
+        path = self.workdir / "audit-policy.yaml"
+        path.write_text(AUDIT_POLICY)
+        return path
 
     def _gate_args(self) -> list[str]:
         gates = self.release.gates_flag()

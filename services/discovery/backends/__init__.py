@@ -7,6 +7,7 @@ NATS or Kubernetes. `scan()` may be called at any time and must be side-effect f
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     from services.discovery.backends.nvml_api import NVMLLibrary
     from shared.commands import CommandRunner
 
-__all__ = ["BackendSeams", "Closeable", "DeviceBackend", "Scan", "load_backend"]
+__all__ = ["LOADERS", "BackendSeams", "Closeable", "DeviceBackend", "Scan", "load_backend"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,16 +67,20 @@ class BackendSeams:
 
 def load_backend(config: DiscoveryConfig, *, seams: BackendSeams | None = None) -> DeviceBackend:
     """The backend named by `config.backend`; BackendLoadError when it cannot be used."""
-    seams = seams or BackendSeams()
-    if config.backend == "sim":
-        from services.discovery.backends import sim
+    loader = LOADERS.get(config.backend)
+    if loader is None:
+        raise BackendLoadError(f"unknown backend {config.backend}", backend=config.backend)
+    return loader(config, seams or BackendSeams())
 
-        return sim.SimBackend.from_profile(config.sim_profile)
-    if config.backend == "nvml":
-        return _load_nvml(config, seams)
-    if config.backend == "ascend":
-        return _load_ascend(config, seams)
-    raise BackendLoadError(f"unknown backend {config.backend}", backend=config.backend)
+
+def _load_sim(config: DiscoveryConfig, _: BackendSeams) -> DeviceBackend:
+    from services.discovery.backends import sim
+    from services.discovery.backends.sysfs import DEFAULT_ROOT, Sysfs
+
+    # Sim devices are never real: a sim sysfs tree only (docs/vfio.md), never the host's /sys.
+    sim_tree = str(config.sysfs_root) not in ("", DEFAULT_ROOT)
+    sysfs = Sysfs(config.sysfs_root) if sim_tree else None
+    return sim.SimBackend.from_profile(config.sim_profile, sysfs=sysfs)
 
 
 def _load_nvml(config: DiscoveryConfig, seams: BackendSeams) -> DeviceBackend:
@@ -104,3 +109,11 @@ def _load_ascend(config: DiscoveryConfig, seams: BackendSeams) -> DeviceBackend:
         timeout_s=config.backend_timeout_s,
         poll_s=config.backend_poll_s,
     )
+
+
+LOADERS: Mapping[str, Callable[[DiscoveryConfig, BackendSeams], DeviceBackend]] = {
+    "sim": _load_sim,
+    "nvml": _load_nvml,
+    "ascend": _load_ascend,
+}
+"""Discovery's backend per `--backend` name (`shared/vendors/registry.py` names them all)."""

@@ -1,63 +1,79 @@
-"""The Ascend backend: Huawei NPUs from `npu-smi info` and `npu-smi info -t topo`.
+"""The Ascend backend: Huawei NPUs from `npu-smi info`, `-t topo` and each chip's `-t info-vnpu`.
 
-Each chip becomes a device named `npu-<id>` with the attributes of the sim profile, so the
-same DeviceClasses and CEL work on both: `type` ("npu"), `chipName`, `index`, `physicalId`,
+Each chip becomes a device named `npu-<id>` (`shared.vendors.ascend.devices.device_name`, the
+name every agent uses for it) with the attributes of the sim profile, so the same
+DeviceClasses and CEL work on both: `type` ("npu"), `chipName`, `index`, `physicalId`,
 `cardId` and `chipId` (the NPU ID and Chip ID columns: the card, and the chip on it, so that
 a claim can ask for chips of one card), `numaNode` (sysfs), `topologyGroup` (HCCS domain
 from the topo matrix),
 `resource.kubernetes.io/pcieRoot` (sysfs), capacity `memCapacity` and `aiCore`. Device nodes
 are `/dev/davinci<id>` and the shared control nodes; the container gets
-`ASCEND_VISIBLE_DEVICES=<id>` (docs/hardware.md §3.5). Output that does not parse fails the scan
-with BackendUnavailableError, and the scanner keeps the last good inventory.
+`ASCEND_VISIBLE_DEVICES=<id>` (docs/hardware.md §3.5).
+
+Static vNPUs are read from the host's view of each chip (`npu-smi info -t info-vnpu -i <card>
+-c <chip>`, docs/hardware.md §3.6): each is a device `npu-<id>-vnpu-<vNPU id>` with `parent`
+the chip, `chipName` the chip's name and the template (`310P3vir02`, which the template
+DeviceClasses and the device-plugin front read), `vnpuTemplate`, capacity `aiCore` (and
+`memCapacity` where the template names it), host `/dev/vdavinci<vNPU id>` as
+`/dev/davinci<vNPU id>` and `ASCEND_RUNTIME_OPTIONS=VIRTUAL`. A chip with vNPUs gets a counter
+set of its AI cores: the chip consumes all of it and each vNPU its template's share, so the
+scheduler never allocates a chip and a vNPU of it together (`shared.vendors.ascend.devices`).
+A chip or npu-smi build without the vNPU view (the query fails, or prints no vNPU table) has no
+static vNPUs.
+
+Output that does not parse fails the scan with BackendUnavailableError, and the scanner keeps
+the last good inventory.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from services.discovery.backends import Scan
-from services.discovery.backends.npusmi import (
-    NpuChip,
-    NpuSmiFormatError,
-    Topology,
-    hccs_groups,
-    parse_info,
-    parse_topo,
-)
-from services.discovery.backends.sysfs import Sysfs
+from services.discovery.backends import Scan, topology
+from services.discovery.backends.sysfs import Sysfs, vfio_attributes
 from shared import quantity
 from shared.commands import CommandFailedError, CommandRunner
 from shared.errors import BackendUnavailableError
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors.ascend import devices as model
+from shared.vendors.ascend.devices import AI_CORES, ai_cores
+from shared.vendors.ascend.npusmi import (
+    NpuChip,
+    NpuSmiError,
+    Topology,
+    VnpuListing,
+    hccs_links,
+    parse_info,
+    parse_topo,
+    parse_vnpu_view,
+)
+from shared.vfio.pci import Viability
 
-__all__ = ["AI_CORES", "CONTROL_NODES", "AscendBackend", "PciFacts", "ai_cores", "to_devices"]
+__all__ = [
+    "AI_CORES",
+    "CONTROL_NODES",
+    "AscendBackend",
+    "PciFacts",
+    "VnpuViews",
+    "ai_cores",
+    "hccs_groups",
+    "to_scan",
+]
 
-AI_CORES = {
-    "910A": 30,
-    "910B1": 24,
-    "910B2": 24,
-    "910B3": 20,
-    "910B4": 20,
-    "910B4-1": 20,
-    "Ascend910": 20,
-    "310P3": 8,
-}
-"""AI cores per chip (docs/hardware.md §3.1); A3 (`Ascend910`) per die."""
 CONTROL_NODES = ("/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc")
-_VNPU = re.compile(r"vir(\d+)")
+_MEMORY = re.compile(r"_(\d+)g(?:_|$)")
 
 PciFacts = dict[str, tuple[str | None, int | None]]
 """Bus id -> (PCIe root, NUMA node), from sysfs."""
+VnpuViews = Mapping[tuple[int, int], VnpuListing | None]
+"""(card, chip) -> the chip's `npu-smi info -t info-vnpu`; None where it has no such view."""
 
 
-def ai_cores(chip_name: str) -> int | None:
-    """AI cores of a chip by name; a vNPU (`310Pvir01`, `910B4vir05_1c_8g`) has its template's."""
-    template = _VNPU.search(chip_name)
-    if template is not None:
-        return int(template.group(1))
-    return AI_CORES.get(chip_name.removeprefix("Ascend ").strip())
+def hccs_groups(topo: Topology) -> dict[int, str]:
+    """Topo id -> `hccs-ring-<k>`: connected components of HCCS links (910A: two rings of 4)."""
+    return topology.groups(topo.ids, hccs_links(topo), prefix="hccs-ring-")
 
 
 def _topology_keys(chips: Sequence[NpuChip], topo: Topology) -> dict[int, int]:
@@ -68,17 +84,17 @@ def _topology_keys(chips: Sequence[NpuChip], topo: Topology) -> dict[int, int]:
     by_card = {chip.npu_id: chip.device_id for chip in chips}
     if len(by_card) == len(chips) and set(topo.ids) == set(by_card):
         return by_card
-    raise NpuSmiFormatError(
+    raise NpuSmiError(
         f"npu-smi topo lists chips {sorted(topo.ids)}, npu-smi info {sorted(by_device)}"
     )
 
 
 def _device(
-    chip: NpuChip, *, group: str | None, facts: tuple[str | None, int | None]
+    chip: NpuChip, *, name: str, group: str | None, facts: tuple[str | None, int | None]
 ) -> inventory_pb2.Device:
     device_id = chip.device_id
     device = inventory_pb2.Device(
-        name=f"npu-{device_id}",
+        name=name,
         kind="npu",
         capacity={"memCapacity": quantity.mebibytes(chip.memory_mb)},
         device_nodes=[
@@ -106,25 +122,95 @@ def _device(
     return device
 
 
-def to_devices(
-    chips: Sequence[NpuChip], topo: Topology, *, facts: PciFacts
-) -> tuple[inventory_pb2.Device, ...]:
-    """The devices of one scan (pure); NpuSmiFormatError when the outputs disagree."""
-    seen: set[int] = set()
-    for chip in chips:
-        if chip.device_id in seen:
-            raise NpuSmiFormatError(f"npu-smi info: two chips with device id {chip.device_id}")
-        seen.add(chip.device_id)
+def _vnpu(
+    whole: inventory_pb2.Device,
+    chip: NpuChip,
+    vnpu_id: int,
+    template: str,
+    *,
+    counters: inventory_pb2.CounterSet,
+    total: int,
+) -> inventory_pb2.Device:
+    """The static vNPU `vnpu_id` of `chip` (its device `whole`), consuming its share."""
+    device = inventory_pb2.Device(
+        name=model.vnpu_name(chip, vnpu_id),
+        kind="npu",
+        parent=whole.name,
+        device_nodes=[
+            inventory_pb2.DeviceNode(
+                path=f"/dev/davinci{vnpu_id}", host_path=f"/dev/vdavinci{vnpu_id}"
+            ),
+            *(inventory_pb2.DeviceNode(path=path) for path in CONTROL_NODES),
+        ],
+        env={"ASCEND_VISIBLE_DEVICES": str(vnpu_id), "ASCEND_RUNTIME_OPTIONS": "VIRTUAL"},
+    )
+    for key, value in whole.attributes.items():
+        device.attributes[key].CopyFrom(value)
+    device.attributes["chipName"].string = f"{chip.name}{template}"
+    device.attributes["index"].int = vnpu_id
+    device.attributes["vnpuTemplate"].string = template
+    consumption = model.vnpu_consumption(template, total=total)
+    device.capacity["aiCore"] = consumption[model.AI_CORE_COUNTER]
+    if (memory := _MEMORY.search(template)) is not None:
+        device.capacity["memCapacity"] = f"{int(memory.group(1))}Gi"
+    device.consumes_counters.append(
+        inventory_pb2.CounterConsumption(counter_set=counters.name, counters=consumption)
+    )
+    return device
+
+
+def _with_vnpus(
+    whole: inventory_pb2.Device, chip: NpuChip, listing: VnpuListing
+) -> tuple[list[inventory_pb2.Device], inventory_pb2.CounterSet]:
+    """The chip's static vNPUs and the counter set they share with the chip."""
+    templates = [listing.vnpus[vnpu] for vnpu in sorted(listing.vnpus)]
+    total = model.counter_total(chip, templates, total=listing.total_ai_cores)
+    counters = inventory_pb2.CounterSet(
+        name=model.counter_set_name(chip), counters=model.whole_chip_consumption(total)
+    )
+    whole.consumes_counters.append(
+        inventory_pb2.CounterConsumption(
+            counter_set=counters.name, counters=model.whole_chip_consumption(total)
+        )
+    )
+    vnpus = [
+        _vnpu(whole, chip, vnpu, listing.vnpus[vnpu], counters=counters, total=total)
+        for vnpu in sorted(listing.vnpus)
+    ]
+    return vnpus, counters
+
+
+def to_scan(
+    chips: Sequence[NpuChip],
+    topo: Topology,
+    *,
+    facts: PciFacts,
+    vnpus: VnpuViews | None = None,
+    vfio: Mapping[str, Viability] | None = None,
+) -> Scan:
+    """The devices and counter sets of one scan (pure); NpuSmiError when the outputs disagree."""
+    names = model.device_names(chips)
     keys = _topology_keys(chips, topo)
     groups = {keys[topo_id]: group for topo_id, group in hccs_groups(topo).items()}
-    return tuple(
-        _device(
+    devices: list[inventory_pb2.Device] = []
+    counter_sets: list[inventory_pb2.CounterSet] = []
+    for chip in chips:
+        whole = _device(
             chip,
+            name=names[(chip.npu_id, chip.chip_id)],
             group=groups.get(chip.device_id),
             facts=facts.get(chip.bus_id, (None, None)),
         )
-        for chip in chips
-    )
+        devices.append(whole)
+        listing = (vnpus or {}).get((chip.npu_id, chip.chip_id))
+        if listing is not None and listing.vnpus:
+            partitions, counters = _with_vnpus(whole, chip, listing)
+            devices += partitions
+            counter_sets.append(counters)
+        # The whole chip only, after its vNPUs copied its attributes (docs/vfio.md).
+        if (viability := (vfio or {}).get(chip.bus_id)) is not None:
+            vfio_attributes(whole.attributes, bus_id=chip.bus_id, viability=viability)
+    return Scan(devices=tuple(devices), shared_counters=tuple(counter_sets))
 
 
 class AscendBackend:
@@ -154,6 +240,18 @@ class AscendBackend:
         except CommandFailedError as exc:
             raise BackendUnavailableError(str(exc), backend=self.name) from exc
 
+    async def _vnpus(self, chip: NpuChip) -> VnpuListing | None:
+        """The chip's vNPUs as the host sees them; None when npu-smi has no such view of it
+        (virtualization unsupported there: the query fails or prints no vNPU table). A vNPU
+        table that does not add up raises NpuSmiError."""
+        card, index = str(chip.npu_id), str(chip.chip_id)
+        argv = [self.npu_smi, "info", "-t", "info-vnpu", "-i", card, "-c", index]
+        try:
+            output = await self.run_command(argv, timeout_s=self.timeout_s)
+        except CommandFailedError:
+            return None
+        return parse_vnpu_view(output)
+
     def _pci_facts(self, chips: Sequence[NpuChip]) -> PciFacts:
         return {
             c.bus_id: (self.sysfs.pcie_root(c.bus_id), self.sysfs.numa_node(c.bus_id))
@@ -167,9 +265,13 @@ class AscendBackend:
         try:
             chips = parse_info(info)
             matrix = parse_topo(topo) if chips else Topology((), {}, {})
+            vnpus = {(c.npu_id, c.chip_id): await self._vnpus(c) for c in chips}
             facts = await asyncio.to_thread(self._pci_facts, chips)
-            return Scan(devices=to_devices(chips, matrix, facts=facts))
-        except NpuSmiFormatError as exc:
+            vfio = await asyncio.to_thread(
+                lambda: {c.bus_id: self.sysfs.vfio(c.bus_id) for c in chips}
+            )
+            return to_scan(chips, matrix, facts=facts, vnpus=vnpus, vfio=vfio)
+        except NpuSmiError as exc:
             raise BackendUnavailableError(
                 f"npu-smi output not understood: {exc}", backend=self.name
             ) from exc

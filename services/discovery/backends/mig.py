@@ -1,66 +1,49 @@
-"""MIG partitions as partitionable devices over a per-GPU counter set (pure).
+"""MIG slots as partitionable devices over a per-GPU counter set (pure).
 
 One CounterSet per GPU, named `<gpu>-counter-set`, holds the 8 memory slices (one counter
 each), the 7 compute slices, and the engines and memory of the largest profile (every counter
 is the maximum over the GPU's profiles, as NVIDIA's driver does; zero counters are left out).
-The whole GPU consumes all of it; a MIG placement consumes its profile's share and its own
-memory slices. So the scheduler cannot hand out a GPU and one of its partitions, nor two
-partitions whose memory slices overlap (docs/hardware.md §1.1, 1.3).
+The whole GPU consumes all of it; a MIG slot (a profile at one placement) consumes its
+profile's share and its own memory slices. So the scheduler cannot hand out a GPU and one of
+its slots, nor two slots whose memory slices overlap (docs/hardware.md §1.1, 1.3).
 
-A placement that is an option rather than an existing MIG device (one the node's allocation
-agent makes at prepare time) carries the bool attribute `createdOnDemand: true`, so that a
-DeviceClass or a claim can tell the two apart. Upstream (dra-driver-nvidia-gpu, `DynamicMIG`)
-publishes its dynamic MIG devices like static ones (`type: mig`) and tells them apart only by
-the missing `uuid`; neither kind carries a `uuid` attribute here, hence the explicit flag.
+A slot is published one of two ways, under the same name (`naming.mig_name`):
+
+- `partition(..., on_demand=True)`: an option, a MIG device the node's allocation agent makes
+  when a claim that got it is prepared. It carries the bool attribute `createdOnDemand: true`
+  and no UUID. Upstream (dra-driver-nvidia-gpu, `DynamicMIG`) tells its dynamic MIG devices
+  apart only by the missing `uuid`; the explicit flag lets a DeviceClass or claim say so.
+- `existing(...)`: a MIG device that exists (an admin's, or one made for a claim), with its
+  `MIG-` UUID (field and `uuid` attribute), `NVIDIA_VISIBLE_DEVICES` naming it, and the
+  capability nodes of its GPU and compute instance (`naming.gpu_instance_cap`).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from services.discovery.backends.nvml_api import GpuInstanceProfile, Placement
 from shared import quantity
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors.nvidia import naming
+from shared.vendors.nvidia.mig import GpuInstanceProfile, MigDevice, MigProfile, Placement
 
 __all__ = [
     "ON_DEMAND",
-    "MigProfile",
     "counter_set",
+    "existing",
     "partition",
     "partition_name",
-    "profile_name",
     "whole_device_consumption",
 ]
 
 ON_DEMAND = "createdOnDemand"
 """Bool attribute of a partition made when a claim is prepared (not one that exists now)."""
-_NOT_RFC1123 = re.compile(r"[^a-z0-9-]")
 _STRIPPED_ATTRIBUTES = ("uuid", "index", "migCapable")
-
-
-def profile_name(info: GpuInstanceProfile) -> str:
-    """`MIG 1g.10gb` -> `1g.10gb`."""
-    return info.name.removeprefix("MIG").strip()
-
-
-@dataclass(frozen=True, slots=True)
-class MigProfile:
-    """A GPU-instance profile of one GPU and where its instances may sit."""
-
-    info: GpuInstanceProfile
-    placements: tuple[Placement, ...]
-
-    @property
-    def name(self) -> str:
-        return profile_name(self.info)
 
 
 def partition_name(gpu: str, profile: MigProfile, placement: Placement) -> str:
     """`gpu-0-mig-1g10gb-me-20-3`: profile without dots, lower-case, RFC 1123 (as upstream)."""
-    canonical = _NOT_RFC1123.sub("-", profile.name.replace(".", "").lower())
-    return f"{gpu}-mig-{canonical}-{profile.info.id}-{placement.start}"
+    return naming.mig_name(gpu, profile.name, profile.info.id, placement.start)
 
 
 def _engines(info: GpuInstanceProfile) -> dict[str, int]:
@@ -96,7 +79,7 @@ def counter_set(gpu: str, profiles: Sequence[MigProfile]) -> inventory_pb2.Count
             maxima[name] = max(maxima.get(name, 0), value)
     counters = _render(maxima)
     counters.update({f"memory-slice-{i}": "1" for i in range(_memory_slices(profiles))})
-    return inventory_pb2.CounterSet(name=f"{gpu}-counter-set", counters=counters)
+    return inventory_pb2.CounterSet(name=naming.counter_set_name(gpu), counters=counters)
 
 
 def whole_device_consumption(
@@ -150,4 +133,27 @@ def partition(
     device.consumes_counters.append(
         inventory_pb2.CounterConsumption(counter_set=counters.name, counters=used)
     )
+    return device
+
+
+def existing(
+    parent: inventory_pb2.Device,
+    profile: MigProfile,
+    placement: Placement,
+    mig: MigDevice,
+    *,
+    gpu_minor: int,
+    counters: inventory_pb2.CounterSet,
+) -> inventory_pb2.Device:
+    """The MIG device `mig` that exists at `placement` of `parent` (GPU `/dev/nvidia<minor>`):
+    its slot's device with its UUID, its own visible-devices value and its capability nodes."""
+    device = partition(parent, profile, placement, counters=counters)
+    uuid = naming.mig_uuid(mig.uuid)
+    device.uuid = uuid
+    device.attributes["uuid"].string = uuid
+    device.env["NVIDIA_VISIBLE_DEVICES"] = uuid
+    gi = naming.gpu_instance_cap(gpu_minor, mig.gpu_instance)
+    ci = naming.compute_instance_cap(gpu_minor, mig.gpu_instance, mig.compute_instance)
+    for minor in (gi, ci):
+        device.device_nodes.add(path=naming.caps_node(minor))
     return device

@@ -1,4 +1,4 @@
-"""The NVML backend: NVIDIA GPUs through the `NVMLLibrary` seam, MIG profiles as partitions.
+"""The NVML backend: NVIDIA GPUs through the `NVMLLibrary` seam, and their MIG slots.
 
 A scan reads everything in one worker thread (`asyncio.to_thread`) under a timeout: NVML
 calls block, and a wedged driver must not stall the agent. While a timed-out read is still
@@ -8,8 +8,19 @@ events, so `watch()` asks for a rescan every `poll_s`.
 Per GPU: `type`, `uuid`, `index`, `productName`, `architecture`, `cudaComputeCapability`,
 `driverVersion`, `cudaDriverVersion` (semver), `resource.kubernetes.io/pcieRoot` (sysfs),
 `resource.kubernetes.io/pciBusID` (only when `pci_bus_id` is on), `numaNode` (sysfs),
-`migCapable`, `interconnectGroup` (NVLink-connected set) and capacity `memory`. With
-`mig_profiles` set, each placement of those profiles is published too (see `mig`).
+`migCapable`, `interconnectGroup` (NVLink-connected set) and capacity `memory`; with an IOMMU
+group (sysfs), `iommuGroup`, `vfioViable` and `pciBusID` (docs/vfio.md; not on MIG devices).
+
+MIG (see `mig`): on a GPU in MIG mode, every MIG device that exists (a GPU instance holding one
+compute instance) is published with its UUID, whatever `mig_profiles` says. With `mig_profiles`
+set, each placement of those profiles that is free (overlaps no GPU instance, and its profile
+is below its instance limit) is published as an option made on demand (`createdOnDemand`):
+the allocation agent makes that MIG device when a claim that got it is prepared, and once it
+exists the next scan publishes the same slot as existing. Hopper and later offer the options
+whatever the MIG mode; Ampere only while MIG is on. A GPU instance with several compute
+instances is not published (its MIG devices are not one slot), and no option overlaps it; one
+with no compute instance yet (being made for a claim when a crash cut its prepare short) stays
+its slot's option, so that the claim's retry finds the device it was allocated.
 """
 
 from __future__ import annotations
@@ -31,10 +42,13 @@ from services.discovery.backends.nvml_api import (
     NVMLCallError,
     NVMLLibrary,
 )
-from services.discovery.backends.sysfs import Sysfs, normalize_bus_id
+from services.discovery.backends.sysfs import Sysfs, normalize_bus_id, vfio_attributes
 from shared import quantity
 from shared.errors import BackendLoadError, BackendUnavailableError
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors.nvidia import naming
+from shared.vendors.nvidia.mig import GpuInstance, MigDevice, MigProfile
+from shared.vfio.pci import Viability
 
 __all__ = [
     "ARCHITECTURES",
@@ -94,9 +108,15 @@ class GpuReading:
     numa_node: int | None = None
     mig_mode: tuple[int, int] | None = None
     """(current, pending); None when the GPU cannot do MIG."""
-    profiles: tuple[mig.MigProfile, ...] = ()
+    profiles: tuple[MigProfile, ...] = ()
+    gpu_instances: tuple[GpuInstance, ...] = ()
+    """The GPU instances that exist (read while MIG is on)."""
+    mig_devices: tuple[MigDevice, ...] = ()
+    """The MIG devices that exist, with their UUIDs (read while MIG is on)."""
     nvlink_peers: tuple[str, ...] = ()
     """Bus ids at the far end of active NVLinks (peer GPUs or NVSwitches)."""
+    vfio: Viability | None = None
+    """Its IOMMU group and whether it may pass through to a VM (sysfs)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -116,15 +136,24 @@ def _optional(call: Callable[[], T]) -> T | None:
         raise
 
 
-def _profiles(library: NVMLLibrary, handle: Handle) -> tuple[mig.MigProfile, ...]:
-    found: dict[int, mig.MigProfile] = {}
+def _profiles(library: NVMLLibrary, handle: Handle) -> tuple[MigProfile, ...]:
+    found: dict[int, MigProfile] = {}
     for enum in range(PROFILE_ENUM_COUNT):
         info = _optional(partial(library.gpu_instance_profile, handle, enum))
         if info is None or info.id in found:
             continue
         placements = _optional(partial(library.gpu_instance_placements, handle, info.id))
-        found[info.id] = mig.MigProfile(info, tuple(placements or ()))
+        found[info.id] = MigProfile(info, tuple(placements or ()))
     return tuple(found.values())
+
+
+def _gpu_instances(
+    library: NVMLLibrary, handle: Handle, profiles: tuple[MigProfile, ...]
+) -> tuple[GpuInstance, ...]:
+    found: list[GpuInstance] = []
+    for profile in profiles:
+        found += _optional(partial(library.gpu_instances, handle, profile.info.id)) or ()
+    return tuple(sorted(found, key=lambda gi: gi.id))
 
 
 def _nvlink_peers(library: NVMLLibrary, handle: Handle) -> tuple[str, ...]:
@@ -142,6 +171,8 @@ def _read_gpu(library: NVMLLibrary, index: int, *, sysfs: Sysfs, with_profiles: 
     handle = library.handle_by_index(index)
     bus_id = normalize_bus_id(library.pci_bus_id(handle))
     mig_mode = _optional(partial(library.mig_mode, handle))
+    mig_on = mig_mode is not None and mig_mode[0] == 1
+    profiles = _profiles(library, handle) if mig_on or (with_profiles and mig_mode) else ()
     return GpuReading(
         index=index,
         minor=library.minor_number(handle),
@@ -154,8 +185,11 @@ def _read_gpu(library: NVMLLibrary, index: int, *, sysfs: Sysfs, with_profiles: 
         pcie_root=sysfs.pcie_root(bus_id),
         numa_node=sysfs.numa_node(bus_id),
         mig_mode=mig_mode,
-        profiles=_profiles(library, handle) if with_profiles and mig_mode else (),
+        profiles=profiles,
+        gpu_instances=_gpu_instances(library, handle, profiles) if mig_on else (),
+        mig_devices=(_optional(partial(library.mig_devices, handle)) or ()) if mig_on else (),
         nvlink_peers=_nvlink_peers(library, handle),
+        vfio=sysfs.vfio(bus_id),
     )
 
 
@@ -188,7 +222,7 @@ def _gpu_device(
     gpu: GpuReading, *, reading: Reading, options: NvmlOptions, groups: dict[int, str]
 ) -> inventory_pb2.Device:
     device = inventory_pb2.Device(
-        name=f"gpu-{gpu.index}",
+        name=naming.gpu_name(gpu.index),
         kind="gpu",
         uuid=gpu.uuid,
         capacity={"memory": quantity.binary(gpu.memory_bytes)},
@@ -227,26 +261,62 @@ def _interconnect_groups(gpus: tuple[GpuReading, ...]) -> dict[int, str]:
     return topology.groups((gpu.index for gpu in gpus), links, prefix="nvlink-")
 
 
-def _partitions_wanted(gpu: GpuReading, options: NvmlOptions) -> bool:
+def _options_wanted(gpu: GpuReading, options: NvmlOptions) -> bool:
     """Hopper and later always offer MIG placements; Ampere only when MIG is already on."""
     if not options.mig_profiles or gpu.mig_mode is None or not gpu.profiles:
         return False
     return gpu.mig_mode[0] == 1 or gpu.architecture >= _HOPPER
 
 
-def _with_partitions(
-    whole: inventory_pb2.Device, gpu: GpuReading, options: NvmlOptions
-) -> tuple[list[inventory_pb2.Device], inventory_pb2.CounterSet]:
-    counters = mig.counter_set(whole.name, gpu.profiles)
-    whole.consumes_counters.append(mig.whole_device_consumption(counters))
-    devices = [whole]
+def _existing(gpu: GpuReading) -> dict[int, MigDevice]:
+    """GPU instance id -> its MIG device, for the instances that hold exactly one."""
+    by_instance: dict[int, list[MigDevice]] = {}
+    for device in gpu.mig_devices:
+        by_instance.setdefault(device.gpu_instance, []).append(device)
+    return {gi: devices[0] for gi, devices in by_instance.items() if len(devices) == 1}
+
+
+def _slots(
+    whole: inventory_pb2.Device,
+    gpu: GpuReading,
+    options: NvmlOptions,
+    counters: inventory_pb2.CounterSet,
+) -> list[inventory_pb2.Device]:
+    """Per profile and placement: the MIG device there, else an option where one may be made."""
+    existing = _existing(gpu)
+    holding = {device.gpu_instance for device in gpu.mig_devices}
+    offer = _options_wanted(gpu, options)
+    devices: list[inventory_pb2.Device] = []
     for profile in gpu.profiles:
-        if profile.name in options.mig_profiles:
-            devices += [
-                mig.partition(whole, profile, placement, counters=counters)
-                for placement in profile.placements
-            ]
-    return devices, counters
+        offered = offer and profile.name in options.mig_profiles
+        made = [gi for gi in gpu.gpu_instances if gi.profile_id == profile.info.id]
+        full = len(made) >= profile.info.instance_count
+        for placement in profile.placements:
+            here = next((gi for gi in made if gi.placement == placement), None)
+            if here is not None and here.id in existing:
+                device = mig.existing(
+                    whole,
+                    profile,
+                    placement,
+                    existing[here.id],
+                    gpu_minor=gpu.minor,
+                    counters=counters,
+                )
+            elif here is not None and here.id not in holding and offered:
+                # A GPU instance without its compute instance yet: one being made for a claim
+                # (its prepare cut short by a crash) stays the option the claim was given.
+                device = mig.partition(whole, profile, placement, counters=counters, on_demand=True)
+            elif (
+                here is None
+                and offered
+                and not full
+                and not any(gi.placement.overlaps(placement) for gi in gpu.gpu_instances)
+            ):
+                device = mig.partition(whole, profile, placement, counters=counters, on_demand=True)
+            else:
+                continue
+            devices.append(device)
+    return devices
 
 
 def to_scan(reading: Reading, *, options: NvmlOptions) -> Scan:
@@ -256,12 +326,17 @@ def to_scan(reading: Reading, *, options: NvmlOptions) -> Scan:
     counter_sets: list[inventory_pb2.CounterSet] = []
     for gpu in reading.gpus:
         whole = _gpu_device(gpu, reading=reading, options=options, groups=groups)
-        if not _partitions_wanted(gpu, options):
+        if not gpu.profiles or not (_options_wanted(gpu, options) or gpu.mig_devices):
             devices.append(whole)
             continue
-        with_partitions, counters = _with_partitions(whole, gpu, options)
-        devices += with_partitions
+        counters = mig.counter_set(whole.name, gpu.profiles)
+        whole.consumes_counters.append(mig.whole_device_consumption(counters))
+        devices += [whole, *_slots(whole, gpu, options, counters)]
         counter_sets.append(counters)
+    # The whole GPUs only, after their MIG devices copied their attributes.
+    for gpu, whole in zip(reading.gpus, (d for d in devices if d.kind == "gpu"), strict=True):
+        if gpu.vfio is not None:
+            vfio_attributes(whole.attributes, bus_id=gpu.bus_id, viability=gpu.vfio)
     return Scan(devices=tuple(devices), shared_counters=tuple(counter_sets))
 
 

@@ -4,25 +4,27 @@
 imports on machines without it; `open_library()` turns a missing package, shared library or
 driver into `BackendLoadError("NVML is not available: …")`. A failed call raises
 `NVMLCallError`; `unsupported` separates "this GPU lacks the feature" from a real failure.
+The MIG calls (profiles, placements, GPU instances, MIG devices) are `shared.nvml`'s, shared
+with the MIG partition manager, and return `shared.vendors.nvidia.mig` types.
 All calls block: callers run them in a worker thread. The test double is `tests/fakes/nvml.py`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
 from shared.nvml import (
     ERROR_INVALID_ARGUMENT,
     ERROR_NOT_FOUND,
     ERROR_NOT_SUPPORTED,
+    GI_PROFILE_ENUM_COUNT,
     Handle,
     NVMLCallError,
-    Placement,
     PynvmlBase,
     import_pynvml,
     text,
 )
+from shared.vendors.nvidia.mig import GpuInstance, GpuInstanceProfile, MigDevice, Placement
 
 __all__ = [
     "ERROR_INVALID_ARGUMENT",
@@ -30,40 +32,17 @@ __all__ = [
     "ERROR_NOT_SUPPORTED",
     "NVLINK_MAX_LINKS",
     "PROFILE_ENUM_COUNT",
-    "GpuInstanceProfile",
     "Handle",
     "NVMLCallError",
     "NVMLLibrary",
-    "Placement",
     "PynvmlLibrary",
     "open_library",
 ]
 
 NVLINK_MAX_LINKS = 36
 """`NVML_NVLINK_MAX_LINKS`: links are probed 0..35; unused ones answer "not supported"."""
-PROFILE_ENUM_COUNT = 0x12
+PROFILE_ENUM_COUNT = GI_PROFILE_ENUM_COUNT
 """`NVML_GPU_INSTANCE_PROFILE_COUNT`: GI profile enums are probed 0..COUNT-1."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GpuInstanceProfile:
-    """`nvmlDeviceGetGpuInstanceProfileInfo` (v2) of one MIG GPU-instance profile."""
-
-    id: int
-    """The GI profile id (19 = 1g, 0 = 7g, …), not the enum it was asked by."""
-    name: str
-    """As NVML reports it, e.g. `MIG 1g.10gb`."""
-    slice_count: int
-    """Compute slices of the 7."""
-    instance_count: int
-    multiprocessors: int
-    copy_engines: int
-    decoders: int
-    encoders: int
-    jpeg_engines: int
-    ofa_engines: int
-    memory_mib: int
-    """`memorySizeMB`, which is MiB."""
 
 
 class NVMLLibrary(Protocol):
@@ -85,6 +64,8 @@ class NVMLLibrary(Protocol):
     def mig_mode(self, handle: Handle) -> tuple[int, int]: ...
     def gpu_instance_profile(self, handle: Handle, profile: int) -> GpuInstanceProfile: ...
     def gpu_instance_placements(self, handle: Handle, profile_id: int) -> tuple[Placement, ...]: ...
+    def gpu_instances(self, handle: Handle, profile_id: int) -> tuple[GpuInstance, ...]: ...
+    def mig_devices(self, handle: Handle) -> tuple[MigDevice, ...]: ...
     def nvlink_active(self, handle: Handle, link: int) -> bool: ...
     def nvlink_remote_bus_id(self, handle: Handle, link: int) -> str: ...
 
@@ -120,22 +101,6 @@ class PynvmlLibrary(PynvmlBase):
     def mig_mode(self, handle: Handle) -> tuple[int, int]:
         current, pending = self._call("nvmlDeviceGetMigMode", handle)
         return int(current), int(pending)
-
-    def gpu_instance_profile(self, handle: Handle, profile: int) -> GpuInstanceProfile:
-        info = self._call("nvmlDeviceGetGpuInstanceProfileInfo", handle, profile)
-        return GpuInstanceProfile(
-            id=int(info.id),
-            name=text(info.name),
-            slice_count=int(info.sliceCount),
-            instance_count=int(info.instanceCount),
-            multiprocessors=int(info.multiprocessorCount),
-            copy_engines=int(info.copyEngineCount),
-            decoders=int(info.decoderCount),
-            encoders=int(info.encoderCount),
-            jpeg_engines=int(info.jpegCount),
-            ofa_engines=int(info.ofaCount),
-            memory_mib=int(info.memorySizeMB),
-        )
 
     def nvlink_active(self, handle: Handle, link: int) -> bool:
         return bool(self._call("nvmlDeviceGetNvLinkState", handle, link))

@@ -5,10 +5,16 @@ tests call `add_device` / `remove_device` / `set_attribute`. A reload replaces t
 set, in-process changes included. An unreadable profile after start is logged and ignored.
 
 A device with `mig_profiles` is an H100-80GB in MIG terms: its counter set and partitions come
-from `mig` over the H100 geometry below (docs/hardware.md §1.1/1.2), exactly as the nvml backend
-builds them. No sim MIG device exists before a claim is prepared (the allocation agent's sim
-partition manager makes it then), so every placement is flagged `createdOnDemand`. A device
-with `shared` capacity lists it in `Device.shared_capacity`.
+from `mig` over the H100 geometry (`shared.vendors.nvidia.mig.H100_80GB`, docs/hardware.md
+§1.1/1.2), exactly as the nvml backend builds them. No sim MIG device exists before a claim
+is prepared (the allocation agent's sim partition manager makes it then), so every placement
+is flagged `createdOnDemand`. A device with `shared` capacity lists it in
+`Device.shared_capacity`.
+
+With a sim sysfs tree (`sysfs`, the discovery agent's `--sysfs-root` when it is not `/sys`: sim
+devices are never real), a device whose profile gives it a `resource.kubernetes.io/pciBusID`
+also gets `iommuGroup` and `vfioViable` from the tree, as the hardware backends do
+(docs/vfio.md).
 """
 
 from __future__ import annotations
@@ -21,11 +27,12 @@ from pathlib import Path
 import structlog
 
 from services.discovery.backends import Scan, mig
-from services.discovery.backends.nvml_api import GpuInstanceProfile, Placement
+from services.discovery.backends.sysfs import PCI_BUS_ID, Sysfs, vfio_attributes
 from shared.errors import BackendUnavailableError, ConfigError
 from shared.pb.drasuite.v1 import inventory_pb2
 from shared.sim import profile
 from shared.sim.profile import AttributeValue, SimDevice, VersionValue
+from shared.vendors.nvidia.mig import H100_80GB
 
 __all__ = ["H100_MIG", "SimBackend", "attribute_value", "to_device", "to_devices"]
 
@@ -33,43 +40,7 @@ log = structlog.get_logger(__name__)
 
 _FileStamp = tuple[int, int, int]
 
-# H100-80GB GI profiles (docs/hardware.md §1.1/1.2): id, name, compute slices, max instances,
-# placement starts, memory slices, SMs, (decoders, encoders, copy engines, jpeg, ofa), MiB.
-_H100_GEOMETRY: tuple[
-    tuple[int, str, int, int, tuple[int, ...], int, int, tuple[int, ...], int], ...
-] = (
-    (19, "1g.10gb", 1, 7, (0, 1, 2, 3, 4, 5, 6), 1, 16, (1, 0, 1, 1, 0), 9984),
-    (20, "1g.10gb+me", 1, 1, (0, 1, 2, 3, 4, 5, 6), 1, 16, (1, 0, 1, 1, 1), 9984),
-    (15, "1g.20gb", 1, 4, (0, 2, 4, 6), 2, 26, (1, 0, 1, 1, 0), 20096),
-    (14, "2g.20gb", 2, 3, (0, 2, 4), 2, 32, (2, 0, 2, 2, 0), 20096),
-    (9, "3g.40gb", 3, 2, (0, 4), 4, 60, (3, 0, 3, 3, 0), 40448),
-    (5, "4g.40gb", 4, 1, (0,), 4, 64, (4, 0, 4, 4, 0), 40448),
-    (0, "7g.80gb", 7, 1, (0,), 8, 132, (7, 0, 8, 7, 1), 81152),
-)
-
-
-def _h100_profiles() -> tuple[mig.MigProfile, ...]:
-    profiles = []
-    for gi, name, slices, instances, starts, size, sms, engines, mib in _H100_GEOMETRY:
-        decoders, encoders, copy_engines, jpeg, ofa = engines
-        info = GpuInstanceProfile(
-            id=gi,
-            name=f"MIG {name}",
-            slice_count=slices,
-            instance_count=instances,
-            multiprocessors=sms,
-            copy_engines=copy_engines,
-            decoders=decoders,
-            encoders=encoders,
-            jpeg_engines=jpeg,
-            ofa_engines=ofa,
-            memory_mib=mib,
-        )
-        profiles.append(mig.MigProfile(info, tuple(Placement(s, size) for s in starts)))
-    return tuple(profiles)
-
-
-H100_MIG = _h100_profiles()
+H100_MIG = H100_80GB
 """Every MIG profile of an H100-80GB, with its placements (what NVML would report)."""
 
 
@@ -143,7 +114,12 @@ class SimBackend:
     name = "sim"
 
     def __init__(
-        self, devices: list[SimDevice], *, path: Path | None = None, poll_s: float = 0.5
+        self,
+        devices: list[SimDevice],
+        *,
+        path: Path | None = None,
+        poll_s: float = 0.5,
+        sysfs: Sysfs | None = None,
     ) -> None:
         self.changed = asyncio.Event()
         self.path = path
@@ -151,13 +127,16 @@ class SimBackend:
         self._devices = {device.name: device for device in devices}
         self._stamp = _stamp(path) if path is not None else None
         self._available = True
+        self.sysfs = sysfs
 
     @classmethod
-    def from_profile(cls, name_or_path: str, *, poll_s: float = 0.5) -> SimBackend:
+    def from_profile(
+        cls, name_or_path: str, *, poll_s: float = 0.5, sysfs: Sysfs | None = None
+    ) -> SimBackend:
         """Load a profile (ConfigError when it is missing or invalid) and follow its file."""
         path = resolve(name_or_path)
         loaded = profile.load(str(path))
-        return cls(list(loaded.devices), path=path, poll_s=poll_s)
+        return cls(list(loaded.devices), path=path, poll_s=poll_s, sysfs=sysfs)
 
     @property
     def devices(self) -> list[SimDevice]:
@@ -170,6 +149,11 @@ class SimBackend:
         counter_sets: list[inventory_pb2.CounterSet] = []
         for sim in self._devices.values():
             found, counters = to_devices(sim)
+            whole = found[0]
+            if self.sysfs is not None and PCI_BUS_ID in whole.attributes:
+                bus_id = whole.attributes[PCI_BUS_ID].string
+                vfio = await asyncio.to_thread(self.sysfs.vfio, bus_id)
+                vfio_attributes(whole.attributes, bus_id=bus_id, viability=vfio)
             devices += found
             counter_sets += [counters] if counters is not None else []
         return Scan(devices=tuple(devices), shared_counters=tuple(counter_sets))

@@ -4,19 +4,53 @@ The root is injectable so that tests build a fake tree. `pcie_root` follows upst
 `k8s.io/dynamic-resource-allocation/deviceattribute`: read the `/sys/bus/pci/devices/<BDF>`
 symlink, which must point under `/sys/devices/pci…` and end with the BDF, and take the first
 path element after `/sys/devices/` (e.g. `pci0000:00`).
+
+`vfio` reads the device's IOMMU group and whether it may pass through to a virtual machine
+(`shared.vfio.pci`, docs/vfio.md); `vfio_attributes` sets what discovery publishes of it.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import MutableMapping
 from pathlib import Path
 
-__all__ = ["DEFAULT_ROOT", "Sysfs", "normalize_bus_id"]
+from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vfio import pci
+
+__all__ = [
+    "DEFAULT_ROOT",
+    "IOMMU_GROUP",
+    "PCI_BUS_ID",
+    "VFIO_VIABLE",
+    "Sysfs",
+    "normalize_bus_id",
+    "vfio_attributes",
+]
 
 DEFAULT_ROOT = "/sys"
 _BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]$")
 _LONG_BDF = re.compile(r"^([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-9a-fA-F])$")
+PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
+IOMMU_GROUP = "iommuGroup"
+VFIO_VIABLE = "vfioViable"
+
+
+def vfio_attributes(
+    attributes: MutableMapping[str, inventory_pb2.AttributeValue],
+    *,
+    bus_id: str,
+    viability: pci.Viability,
+) -> None:
+    """A device with an IOMMU group publishes it (`iommuGroup`), whether it may pass through
+    (`vfioViable`) and its PCI address (`resource.kubernetes.io/pciBusID`, which the allocation
+    agent binds and the VM's launcher reads from the device metadata); without one, nothing."""
+    if viability.group is None:
+        return
+    attributes[IOMMU_GROUP].int = viability.group
+    attributes[VFIO_VIABLE].bool = viability.viable
+    attributes[PCI_BUS_ID].string = bus_id
 
 
 def normalize_bus_id(bus_id: str) -> str:
@@ -64,3 +98,7 @@ class Sysfs:
         except (OSError, ValueError):
             return None
         return node if node >= 0 else None
+
+    def vfio(self, bdf: str) -> pci.Viability:
+        """The device's IOMMU group (None without one) and whether it may pass through."""
+        return pci.viability(self.root, bdf)

@@ -9,7 +9,7 @@ never hides a real one). Monitors: `sim`, `nvml`, `ascend`. The agent runs the m
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -21,7 +21,15 @@ from shared.sim.profile import SimFault
 if TYPE_CHECKING:
     from services.health.monitors.nvml_events import NVMLEvents
 
-__all__ = ["AscendOptions", "DeviceMonitor", "NvmlOptions", "ObservationSink", "load"]
+__all__ = [
+    "FACTORIES",
+    "AscendOptions",
+    "DeviceMonitor",
+    "MonitorRequest",
+    "NvmlOptions",
+    "ObservationSink",
+    "load",
+]
 
 ObservationSink = Callable[[Observations], None]
 """Receives each new complete view; must not block (it only stores and wakes)."""
@@ -57,6 +65,22 @@ def _never(_: Fault) -> bool:
     return False
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MonitorRequest:
+    """What `load` was given, for the monitor factories."""
+
+    bus: Bus
+    driver: str
+    node: str
+    faults: Iterable[SimFault]
+    refresh_s: float
+    ascend_options: AscendOptions
+    nvml_options: NvmlOptions
+    nvml_library: NVMLEvents | None
+    ignored: Callable[[Fault], bool]
+    mig_partition: Callable[[str, int, int], str | None] | None
+
+
 def load(
     name: str,
     *,
@@ -78,30 +102,66 @@ def load(
     `mig_partition`: the inventory's MIG partition of (GPU, GI profile ID, placement start),
     so that the nvml monitor gives a MIG instance's XID to that partition alone.
     """
-    if name == "sim":
-        from services.health.monitors import sim
-
-        return sim.SimMonitor(bus, driver=driver, node=node, faults=faults, refresh_s=refresh_s)
-    if name == "ascend":
-        from services.health.monitors import ascend as ascend_monitor
-
-        options = ascend_options or AscendOptions()
-        return ascend_monitor.AscendMonitor(
-            pool=node,
-            npu_smi=options.npu_smi,
-            timeout_s=options.timeout_s,
-            poll_s=options.poll_s,
-            isolate_unknown=options.isolate_unknown,
-        )
-    if name == "nvml":
-        from services.health.monitors import nvml, nvml_events
-
-        return nvml.NvmlMonitor.open(
-            nvml_library or nvml_events.open_library(),
-            pool=node,
-            options=nvml_options or NvmlOptions(),
+    factory = FACTORIES.get(name)
+    if factory is None:
+        raise BackendLoadError(f"monitor {name}: unknown monitor", backend=name)
+    return factory(
+        MonitorRequest(
+            bus=bus,
+            driver=driver,
+            node=node,
+            faults=faults,
             refresh_s=refresh_s,
+            ascend_options=ascend_options or AscendOptions(),
+            nvml_options=nvml_options or NvmlOptions(),
+            nvml_library=nvml_library,
             ignored=ignored,
             mig_partition=mig_partition,
         )
-    raise BackendLoadError(f"monitor {name}: unknown monitor", backend=name)
+    )
+
+
+def _sim(request: MonitorRequest) -> DeviceMonitor:
+    from services.health.monitors import sim
+
+    return sim.SimMonitor(
+        request.bus,
+        driver=request.driver,
+        node=request.node,
+        faults=request.faults,
+        refresh_s=request.refresh_s,
+    )
+
+
+def _ascend(request: MonitorRequest) -> DeviceMonitor:
+    from services.health.monitors import ascend as ascend_monitor
+
+    options = request.ascend_options
+    return ascend_monitor.AscendMonitor(
+        pool=request.node,
+        npu_smi=options.npu_smi,
+        timeout_s=options.timeout_s,
+        poll_s=options.poll_s,
+        isolate_unknown=options.isolate_unknown,
+    )
+
+
+def _nvml(request: MonitorRequest) -> DeviceMonitor:
+    from services.health.monitors import nvml, nvml_events
+
+    return nvml.NvmlMonitor.open(
+        request.nvml_library or nvml_events.open_library(),
+        pool=request.node,
+        options=request.nvml_options,
+        refresh_s=request.refresh_s,
+        ignored=request.ignored,
+        mig_partition=request.mig_partition,
+    )
+
+
+FACTORIES: Mapping[str, Callable[[MonitorRequest], DeviceMonitor]] = {
+    "sim": _sim,
+    "nvml": _nvml,
+    "ascend": _ascend,
+}
+"""The health monitor per `--monitor` name (`shared/vendors/registry.py` names them all)."""

@@ -6,23 +6,27 @@ turns into a fault (or none). Health `UNKNOWN` makes the chip unknown. A run tha
 exceeds `timeout_s` or prints something unparsable raises `BackendUnavailableError`: the
 watchdog then reports the devices unmonitored and restarts the monitor.
 
-Device names: `npu-<card>` for a single-chip card, `npu-<card>-<chip>` otherwise.
+Device names are discovery's (`shared.vendors.ascend.devices.device_name`: `npu-<device id>`,
+the `Device` column on 310/310P, `Phy-ID` on A3, else the NPU id), so a fault names exactly the
+device the ResourceSlice publishes; static vNPUs get their chip's faults through the inventory
+(`attribution`, by `parent`). `npu-smi info` is read by the one parser every agent uses
+(`shared.vendors.ascend.npusmi`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 
 import structlog
 
-from services.health import npu_faults, npusmi
+from services.health import npu_faults
 from services.health.monitors import ObservationSink
-from services.health.npusmi import NpuChip
 from services.health.observation import Observation, Observations
 from shared import commands
 from shared.errors import BackendUnavailableError
+from shared.vendors.ascend import devices, npusmi
+from shared.vendors.ascend.npusmi import NpuChip
 
 __all__ = ["AscendMonitor", "Runner", "device_names", "run_command"]
 
@@ -41,12 +45,12 @@ async def run_command(argv: Sequence[str], timeout_s: float) -> str:
 
 
 def device_names(chips: Sequence[NpuChip]) -> dict[tuple[int, int], str]:
-    """The device name of each (card, chip)."""
-    per_card = Counter(chip.npu for chip in chips)
-    return {
-        (c.npu, c.chip): f"npu-{c.npu}" if per_card[c.npu] == 1 else f"npu-{c.npu}-{c.chip}"
-        for c in chips
-    }
+    """The device name of each (card, chip): the one discovery publishes it under."""
+    return devices.device_names(chips)
+
+
+def _unreadable(exc: npusmi.NpuSmiError) -> BackendUnavailableError:
+    return BackendUnavailableError(f"npu-smi output not understood: {exc}", backend="ascend")
 
 
 class AscendMonitor:
@@ -77,18 +81,26 @@ class AscendMonitor:
     async def poll(self) -> Observations:
         """One complete view, from one `npu-smi info` and a health query per unwell chip."""
         summary = await self._runner([self._npu_smi, "info"], self._timeout_s)
-        chips = npusmi.parse_summary(summary)
-        names = device_names(chips)
-        devices = [await self._observe(chip, names[(chip.npu, chip.chip)]) for chip in chips]
-        return Observations(pool=self._pool, devices=tuple(devices))
+        try:
+            chips = npusmi.parse_info(summary)
+            names = device_names(chips)
+        except npusmi.NpuSmiError as exc:
+            raise _unreadable(exc) from exc
+        seen = [await self._observe(chip, names[(chip.npu_id, chip.chip_id)]) for chip in chips]
+        return Observations(pool=self._pool, devices=tuple(seen))
 
     async def _observe(self, chip: NpuChip, name: str) -> Observation:
         if chip.health == "OK":
             return Observation(device=name)
         if chip.health == "UNKNOWN":
             return Observation(device=name, unknown=True)
-        argv = [self._npu_smi, "info", "-t", "health", "-i", str(chip.npu), "-c", str(chip.chip)]
-        health = npusmi.parse_chip_health(await self._runner(argv, self._timeout_s))
+        card, index = str(chip.npu_id), str(chip.chip_id)
+        argv = [self._npu_smi, "info", "-t", "health", "-i", card, "-c", index]
+        output = await self._runner(argv, self._timeout_s)
+        try:
+            health = npusmi.parse_chip_health(output)
+        except npusmi.NpuSmiError as exc:
+            raise _unreadable(exc) from exc
         fault = npu_faults.fault_for(
             health.codes,
             status=health.status,

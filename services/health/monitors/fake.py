@@ -1,13 +1,14 @@
 """FakeMonitor: the test double of the `DeviceMonitor` seam (like httpx's MockTransport).
 
-The test decides what the monitor sees (`report`), when it fails (`fail`) and, by saying
-nothing, when it hangs. Shipped with the code so every test drives the same seam.
+The test decides what the monitor sees (`report`: faults, devices it cannot look at, and by
+changing `devices` which it reports at all), when it fails (`fail`) and, by saying nothing,
+when it hangs. Shipped with the code so every test drives the same seam.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from services.health.monitors import ObservationSink
 from services.health.observation import Fault, Observation, Observations
@@ -24,6 +25,8 @@ class FakeMonitor:
         self.pool = pool
         self.devices = devices
         self.faults: dict[str, Fault] = {}
+        self.unknown: frozenset[str] = frozenset()
+        """Devices reported as not observable (as npu-smi's `UNKNOWN` health, say)."""
         self.runs = 0
         """How often `run` was started (restarts after a failure count)."""
         self._report_on_start = report_on_start
@@ -31,13 +34,22 @@ class FakeMonitor:
         self._failure: asyncio.Future[None] | None = None
 
     def view(self) -> Observations:
-        devices = tuple(Observation(device=d, fault=self.faults.get(d)) for d in self.devices)
+        devices = tuple(
+            Observation(device=d, unknown=True)
+            if d in self.unknown
+            else Observation(device=d, fault=self.faults.get(d))
+            for d in self.devices
+        )
         return Observations(pool=self.pool, devices=devices)
 
-    def report(self, faults: Mapping[str, Fault] | None = None) -> None:
-        """Report the view now, with `faults` (by device) if given."""
+    def report(
+        self, faults: Mapping[str, Fault] | None = None, *, unknown: Iterable[str] | None = None
+    ) -> None:
+        """Report the view now, with `faults` (by device) and `unknown` devices if given."""
         if faults is not None:
             self.faults = dict(faults)
+        if unknown is not None:
+            self.unknown = frozenset(unknown)
         if self._sink is not None:
             self._sink(self.view())
 

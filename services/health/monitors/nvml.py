@@ -43,7 +43,6 @@ from services.health.monitors.nvml_events import (
     NO_INSTANCE,
     WANTED_EVENTS,
     EventSet,
-    GpuInstanceInfo,
     Handle,
     NVMLCallError,
     NVMLEvent,
@@ -51,6 +50,7 @@ from services.health.monitors.nvml_events import (
 )
 from services.health.observation import Fault, Observation, Observations
 from shared.errors import BackendLoadError, BackendUnavailableError
+from shared.vendors.nvidia import mig, naming
 
 __all__ = ["NvmlMonitor", "device_name"]
 
@@ -61,8 +61,8 @@ _UNMONITORED = "unmonitored"
 
 
 def device_name(index: int) -> str:
-    """The discovery nvml backend's name of GPU `index`."""
-    return f"gpu-{index}"
+    """The discovery nvml backend's name of GPU `index` (`shared.vendors.nvidia.naming`)."""
+    return naming.gpu_name(index)
 
 
 def _never(_: Fault) -> bool:
@@ -268,11 +268,11 @@ class NvmlMonitor:
         if info is None:
             self._raise(self._event_faults, name, fault)
         else:
-            self._raise(self._instance_faults, (name, info.profile_id, info.placement_start), fault)
+            self._raise(self._instance_faults, (name, info.profile_id, info.placement.start), fault)
 
     async def _gpu_instance(
         self, event: NVMLEvent, name: str, session: _Session
-    ) -> GpuInstanceInfo | None:
+    ) -> mig.GpuInstance | None:
         """The MIG instance an XID event names; None: the event is the whole GPU's."""
         if event.gpu_instance_id == NO_INSTANCE or not event.event_type & EVENT_XID:
             return None

@@ -3,7 +3,8 @@
 Events (docs/hardware.md §2.4): an event set, each GPU registered for XID critical errors and ECC
 errors (ANDed with what it supports), then `nvmlEventSetWait_v2` with a timeout. Counters:
 pending page retirements, row remapping, volatile double-bit ECC. MIG: an event's GPU
-instance ID (docs/hardware.md §2.2) resolved to its profile and placement. `PynvmlEvents` imports
+instance ID (docs/hardware.md §2.2) resolved to its profile and placement (a
+`shared.vendors.nvidia.mig.GpuInstance`). `PynvmlEvents` imports
 `pynvml` (PyPI `nvidia-ml-py`) only when opened; `open_library()` turns a missing package into
 `BackendLoadError("NVML is not available: …")`. Every call blocks; a failed one raises
 `NVMLCallError`. The test double is `tests/fakes/nvml_events.py`.
@@ -23,6 +24,7 @@ from shared.nvml import (
     PynvmlBase,
     import_pynvml,
 )
+from shared.vendors.nvidia.mig import GpuInstance
 
 __all__ = [
     "ERROR_GPU_IS_LOST",
@@ -37,7 +39,6 @@ __all__ = [
     "NO_INSTANCE",
     "WANTED_EVENTS",
     "EventSet",
-    "GpuInstanceInfo",
     "Handle",
     "NVMLCallError",
     "NVMLEvent",
@@ -79,17 +80,6 @@ class NVMLEvent:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class GpuInstanceInfo:
-    """`nvmlGpuInstanceGetInfo` of one MIG GPU instance."""
-
-    id: int
-    profile_id: int
-    """The GPU-instance profile ID (19, 20, 15, 14, 9, 5, 0), not the NVML enum."""
-    placement_start: int
-    placement_size: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class RemappedRows:
     """`nvmlDeviceGetRemappedRows` (Ampere and later)."""
 
@@ -114,7 +104,7 @@ class NVMLEvents(Protocol):
     def register_events(self, handle: Handle, event_types: int, event_set: EventSet) -> None: ...
     def event_set_wait(self, event_set: EventSet, timeout_ms: int) -> NVMLEvent: ...
     def event_set_free(self, event_set: EventSet) -> None: ...
-    def gpu_instance_info(self, handle: Handle, gpu_instance_id: int) -> GpuInstanceInfo: ...
+    def gpu_instance_info(self, handle: Handle, gpu_instance_id: int) -> GpuInstance: ...
     def retired_pages_pending(self, handle: Handle) -> bool: ...
     def remapped_rows(self, handle: Handle) -> RemappedRows: ...
     def volatile_double_bit_errors(self, handle: Handle) -> int: ...
@@ -149,15 +139,9 @@ class PynvmlEvents(PynvmlBase):
     def event_set_free(self, event_set: EventSet) -> None:
         self._call("nvmlEventSetFree", event_set)
 
-    def gpu_instance_info(self, handle: Handle, gpu_instance_id: int) -> GpuInstanceInfo:
+    def gpu_instance_info(self, handle: Handle, gpu_instance_id: int) -> GpuInstance:
         instance = self._call("nvmlDeviceGetGpuInstanceById", handle, gpu_instance_id)
-        info = self._call("nvmlGpuInstanceGetInfo", instance)
-        return GpuInstanceInfo(
-            id=int(info.id),
-            profile_id=int(info.profileId),
-            placement_start=int(info.placement.start),
-            placement_size=int(info.placement.size),
-        )
+        return self._gpu_instance_info(instance)
 
     def retired_pages_pending(self, handle: Handle) -> bool:
         return bool(self._call("nvmlDeviceGetRetiredPagesPendingStatus", handle))

@@ -25,11 +25,15 @@ pytestmark = pytest.mark.integration
 
 DRIVER = "sim.dra-suite.io"
 # `partition-created` is only reached by claims that ask for partitions: its own case below;
-# `mps-started` by claims that share a GPU (test_mps_crash.py).
+# `mps-started` by claims that share a GPU (test_mps_crash.py); `vfio-*` by claims for a VM
+# (test_vfio_passthrough.py).
 PREPARE_STEPS = [
     step
     for step in CRASH_STEPS
-    if not step.startswith("unprepare") and "partition" not in step and step != "mps-started"
+    if not step.startswith("unprepare")
+    and "partition" not in step
+    and step != "mps-started"
+    and not step.startswith("vfio")
 ]
 PARTITION_CONFIG = {
     "apiVersion": f"{DRIVER}/v1alpha1",

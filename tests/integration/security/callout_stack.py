@@ -1,5 +1,7 @@
 """The secured bus as deployed: nats-server with auth callout, dra-nats-auth against the API
-emulator, ServiceAccounts and pods on two nodes, and tokens minted by TokenRequest over HTTP."""
+emulator, ServiceAccounts and pods on two nodes, and tokens minted by TokenRequest over HTTP.
+dra-nats-auth certifies writer keys (`certify.seed`); the clients' settings sign and check
+records as `signatures` says (`--bus-signatures`, off unless a test asks)."""
 
 from __future__ import annotations
 
@@ -64,6 +66,8 @@ class CalloutStack:
     kube: APIServerEmulator
     directory: Path
     bus_namespace: str = ""
+    signatures: str = "off"
+    auth_key_file: str = ""
     service: AuthService | None = None
     config: AuthServiceConfig | None = None
     _files: list[Path] = field(default_factory=list)
@@ -110,10 +114,12 @@ class CalloutStack:
     def settings(self, token: str | None) -> NATSSettings:
         token_file = str(self.token_file(token)) if token is not None else ""
         tls = self.server.auth.tls if self.server.auth is not None else None
+        signed = self.signatures != "off"
         return NATSSettings(
             url=self.server.url, namespace=self.bus_namespace, token_file=token_file,
             connect_timeout_s=2.0, request_timeout_s=2.0,
             tls_ca_file=str(tls.ca_file) if tls is not None and tls.ca_file else "",
+            bus_signatures=self.signatures, bus_auth_key_file=self.auth_key_file if signed else "",
         )  # fmt: skip
 
     async def agent_settings(self, account: str, node: str) -> NATSSettings:
@@ -156,12 +162,15 @@ async def callout_stack(
     in_process: bool = True,
     tls: ServerTLS | None = None,
     reviewer: TokenReviewer | None = None,
+    signatures: str = "off",
 ) -> AsyncIterator[CalloutStack]:
     """nats-server (auth callout, config-mode accounts) and dra-nats-auth, both running
     (without `in_process`, the test runs the service itself from `stack.config`)."""
     _populate(kube, directory)
     issuer_seed = new_signing_seed(nkeys.PREFIX_BYTE_ACCOUNT)
     xkey_seed = new_xkey_seed()
+    certify_seed = new_signing_seed(nkeys.PREFIX_BYTE_OPERATOR)
+    certify_pub = SigningKey.from_seed(certify_seed, nkeys.PREFIX_BYTE_OPERATOR).public
     password = secrets.token_urlsafe(16)
     sys_password = secrets.token_hex(16)
     callout = AuthCallout(
@@ -175,7 +184,8 @@ async def callout_stack(
     )
     server.start()
     stack = CalloutStack(server=server, kube=kube, directory=directory,
-                         bus_namespace=bus_namespace)  # fmt: skip
+                         bus_namespace=bus_namespace, signatures=signatures,
+                         auth_key_file=_write(directory / "certify.pub", certify_pub))  # fmt: skip
     config = AuthServiceConfig(
         nats=NATSSettings(
             url=server.url, namespace=bus_namespace, user="dra-nats-auth",
@@ -188,6 +198,7 @@ async def callout_stack(
         issuer_seed_file=_write(directory / "issuer.seed", issuer_seed),
         xkey_seed_file=_write(directory / "xkey.seed", xkey_seed) if xkey else "",
         sys_password_file=_write(directory / "sys-password", "s" + sys_password),
+        certify_seed_file=_write(directory / "certify.seed", certify_seed),
         revocation_poll_s=0.5,
         operator_users=(f"system:serviceaccount:{NAMESPACE}:{OPERATOR}",),
         driver_name=(DRIVER,),
@@ -206,6 +217,8 @@ async def callout_stack(
     try:
         await asyncio.wait_for(service.subscribed.wait(), 10)
         await asyncio.wait_for(service.provisioner.done.wait(), 10)  # before any agent, as live
+        if service.certifier is not None:
+            await asyncio.wait_for(service.certifier.serving.wait(), 10)
         yield stack
     finally:
         stop.set()

@@ -3,7 +3,8 @@ still works, each under its own node-scoped identity, and an expiring token is r
 
 discovery publishes its inventory, health writes records, answers an operator's fault
 injection and publishes the alert, allocation (a real process) receives its inventory over
-its own watch, and dractl (operator) reads all of it back.
+its own watch, and dractl (operator) reads all of it back. The same with `--bus-signatures
+enforce`: every record is signed by its writer's certified key and every reader checks it.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from shared.supervisor import Agent, run_agent
 from tests.integration.security.callout_stack import (
     DRIVER,
     OPERATOR,
+    CalloutStack,
     callout_stack,
     connected,
     eventually_async,
@@ -56,9 +58,13 @@ async def _running(agent: Agent) -> AsyncIterator[None]:
         assert await asyncio.wait_for(task, 15) == 0
 
 
-def _allocation(base: Path, kube: KubeSettings, token_file: Path, url: str) -> ChildProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NATS_")}
+def _allocation(
+    base: Path, kube: KubeSettings, token_file: Path, url: str, stack: CalloutStack
+) -> ChildProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NATS_", "BUS_"))}
     env |= {"NATS_URL": url, "NATS_TOKEN_FILE": str(token_file)}
+    if stack.signatures != "off":
+        env |= {"BUS_SIGNATURES": stack.signatures, "BUS_AUTH_KEY_FILE": stack.auth_key_file}
     argv = [
         sys.executable, "-m", "services.allocation",
         "--node-name", NODE, "--driver-name", DRIVER, "--kubeconfig", kube.kubeconfig,
@@ -70,14 +76,16 @@ def _allocation(base: Path, kube: KubeSettings, token_file: Path, url: str) -> C
     )
 
 
+@pytest.mark.parametrize("signatures", ["off", "enforce"])
 async def test_agents_and_the_operator_work_on_the_secured_bus(
+    signatures: str,
     kube: APIServerEmulator,
     kube_settings: KubeSettings,
     tmp_path: Path,
     short_tmp: Path,
     bus_events: list[MutableMapping[str, Any]],
 ):
-    async with callout_stack(kube, tmp_path / "stack") as stack:
+    async with callout_stack(kube, tmp_path / "stack", signatures=signatures) as stack:
         discovery = DiscoveryAgent(DiscoveryConfig(
             nats=await stack.agent_settings("dra-discovery", NODE), kube=kube_settings,
             node_name=NODE, driver_name=DRIVER, sim_profile="gpu",
@@ -88,7 +96,9 @@ async def test_agents_and_the_operator_work_on_the_secured_bus(
             recovery_hold_s=0.0, flap_window_s=0.0,
         ))  # fmt: skip
         allocation_token = stack.token_file(await stack.token("dra-allocation", node=NODE))
-        allocation = _allocation(short_tmp, kube_settings, allocation_token, stack.server.url)
+        allocation = _allocation(
+            short_tmp, kube_settings, allocation_token, stack.server.url, stack
+        )
         operator = stack.settings(await stack.token(OPERATOR))
         async with (
             _running(discovery), _running(health),
@@ -123,6 +133,12 @@ async def test_agents_and_the_operator_work_on_the_secured_bus(
         assert any(e.get("event") == "nats_connected" for e in bus_events)
         refused = [e for e in bus_events if "violation" in str(e.get("error", "")).lower()]
         assert not refused
+        # With signatures, every record was signed and taken: nothing was dropped.
+        assert not [e for e in bus_events if e.get("event") == "kv_entry_dropped"]
+        assert "kv_entry_dropped" not in log
+        if signatures != "off":  # allocation took the signed inventory (its copy on disk)
+            certified = [e for e in bus_events if e.get("event") == "bus_writer_certified"]
+            assert {e["role"] for e in certified} == {"discovery", "health"}
 
 
 async def _alerts(admin: Bus) -> list[alert_pb2.Alert]:

@@ -14,14 +14,17 @@ from services.allocation.cdi.edits import DeviceUse, claim_edits
 from services.allocation.cdi.schema_check import schema_problems
 from services.allocation.dra.opaque import DeviceConfig, Strategy
 from services.allocation.partitions import Partition
+from services.discovery.backends import nvml
 from shared.errors import ClaimError
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors.nvidia.mig import H100_80GB, GpuInstance, MigDevice, Placement
 
 DRIVER = "sim.dra-suite.io"
 UID = "3f1b2c4d-0000-4000-8000-00000000abcd"
 SHARE_A = "0f5a9d1e-2b3c-4d5e-8f60-718293a4b5c6"
 SHARE_B = "7c1d2e3f-4a5b-4c6d-9e7f-8091a2b3c4d5"
 GPU_UUID = "GPU-9d11c4e2-e840-51ed-b15f-0be7ae073686"
+MIG_UUID = "MIG-0e7a8c2d-5b1f-5e33-9a47-1c2d3e4f5a6b"
 ASCEND_CONTROL = [
     {"path": "/dev/davinci_manager"},
     {"path": "/dev/devmm_svm"},
@@ -66,10 +69,34 @@ def _gpu(minor: int, uuid: str = GPU_UUID) -> inventory_pb2.Device:
     return device
 
 
-def _mig(parent: int, *, uuid: str = "", caps: tuple[int, ...] = ()) -> inventory_pb2.Device:
-    """A MIG device: nvml publishes placements (no UUID) with the parent's nodes."""
+def _existing_mig(gpu_minor: int, gpu_instance: int, uuid: str) -> inventory_pb2.Device:
+    """A MIG device that exists (a 1g.10gb GI at slice 0 with one CI), exactly as the nvml
+    discovery backend publishes it: built by the backend's own `to_scan`."""
+    gpu = nvml.GpuReading(
+        index=gpu_minor,
+        minor=gpu_minor,
+        uuid=GPU_UUID,
+        name="NVIDIA H100 80GB HBM3",
+        architecture=9,
+        compute_capability=(9, 0),
+        memory_bytes=80 << 30,
+        bus_id="0000:18:00.0",
+        mig_mode=(1, 1),
+        profiles=H100_80GB,
+        gpu_instances=(GpuInstance(id=gpu_instance, profile_id=19, placement=Placement(0, 1)),),
+        mig_devices=(MigDevice(uuid=uuid, gpu_instance=gpu_instance, compute_instance=0),),
+    )
+    reading = nvml.Reading(driver_version="550.54.15", cuda_driver_version=12040, gpus=(gpu,))
+    scan = nvml.to_scan(reading, options=nvml.NvmlOptions())
+    [device] = [d for d in scan.devices if d.kind == "mig"]
+    return device
+
+
+def _mig(parent: int) -> inventory_pb2.Device:
+    """A MIG slot with the parent's nodes and no UUID: an option the nvml backend publishes
+    (here without its `createdOnDemand` flag, which the preparer reads, not the edits)."""
     device = inventory_pb2.Device(
-        name=f"gpu-{parent}-mig-1g10gb-19-0", kind="mig", parent=f"gpu-{parent}", uuid=uuid
+        name=f"gpu-{parent}-mig-1g10gb-19-0", kind="mig", parent=f"gpu-{parent}"
     )
     for path in (
         f"/dev/nvidia{parent}",
@@ -78,10 +105,9 @@ def _mig(parent: int, *, uuid: str = "", caps: tuple[int, ...] = ()) -> inventor
         "/dev/nvidia-uvm-tools",
     ):
         device.device_nodes.add(path=path)
-    for minor in caps:
-        device.device_nodes.add(path=f"/dev/nvidia-caps/nvidia-cap{minor}")
     device.attributes["profile"].string = "1g.10gb"
     device.attributes["parentUUID"].string = GPU_UUID
+    device.attributes["placementStart"].int = 0
     return device
 
 
@@ -186,14 +212,14 @@ MIG = Partition(
         ),
         (
             "nvml",
-            # GPU minor 1's GI 0 (access 138) and its CI 0 (139), as mig-minors numbers them.
-            [_use(_mig(1, uuid="MIG-0e7a", caps=(138, 139)))],
-            {"NVIDIA_VISIBLE_DEVICES": "MIG-0e7a"},
+            # GPU minor 1's GI 1 (access 147) and its CI 0 (148), as mig-minors numbers them.
+            [_use(_existing_mig(1, 1, uuid=MIG_UUID))],
+            {"NVIDIA_VISIBLE_DEVICES": MIG_UUID},
             [
                 [
                     {"path": "/dev/nvidia1"},
-                    {"path": "/dev/nvidia-caps/nvidia-cap138"},
-                    {"path": "/dev/nvidia-caps/nvidia-cap139"},
+                    {"path": "/dev/nvidia-caps/nvidia-cap147"},
+                    {"path": "/dev/nvidia-caps/nvidia-cap148"},
                 ]
             ],
             NVIDIA_CONTROL,

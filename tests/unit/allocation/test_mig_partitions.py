@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from services.allocation.partitions.mig import MigPartitionManager
-from services.allocation.partitions.mig_nvml import ERROR_IN_USE, Placement
+from services.allocation.partitions.mig_nvml import ERROR_IN_USE
 from shared.errors import BackendLoadError, ClaimError, InvalidOpaqueConfigError
 from shared.nvml import NVMLCallError
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors.nvidia.mig import Placement
 from tests.fakes.nvml_mig import Crash, FakeMigNVML, cap_minor
 
 CLAIM_A = "aaaaaaaa-0000-4000-8000-000000000001"
@@ -190,6 +191,32 @@ async def test_a_mig_placement_device_is_made_at_its_own_placement(manager, nvml
     assert [p for _, p, _ in nvml.gpu_instances_of(0)] == [Placement(2, 1)]
     with pytest.raises(InvalidOpaqueConfigError, match=r"is a 1g.10gb placement, not 2g.20gb"):
         manager.check(claim_uid=CLAIM_A, device=placement, profile="2g.20gb")
+
+
+async def test_a_slot_made_for_an_option_is_found_again_as_the_mig_device_it_became(
+    manager, nvml, state
+):
+    # Made for an option: the parent GPU at the option's placement ...
+    made = await manager.create(
+        claim_uid=CLAIM_A, device=_gpu(nvml), profile="1g.10gb", placement=2
+    )
+    [entry] = json.loads(state.read_text())["partitions"]
+    assert (entry["device"], entry["placement"]["start"]) == ("gpu-0", 2)
+    # ... then the kubelet retries after a crash, and discovery now publishes the slot as the
+    # MIG device that exists there (same name, the UUID NVML gave it): the same partition.
+    existing = inventory_pb2.Device(
+        name="gpu-0-mig-1g10gb-19-2", kind="mig", parent="gpu-0", uuid=made.id
+    )
+    existing.attributes["parentUUID"].string = nvml.gpus[0].uuid
+    existing.attributes["profile"].string = "1g.10gb"
+    existing.attributes["placementStart"].int = 2
+    existing.device_nodes.add(path="/dev/nvidia0")
+    manager.check(claim_uid=CLAIM_A, device=existing, profile="1g.10gb")
+    assert await manager.create(claim_uid=CLAIM_A, device=existing, profile="1g.10gb") == made
+    assert nvml.gpu_instances_of(0) == [(1, Placement(2, 1), 1)]
+    assert len(json.loads(state.read_text())["partitions"]) == 1
+    await manager.delete_claim(CLAIM_A)
+    assert nvml.gpu_instances_of(0) == []
 
 
 async def test_mig_mode_off_fails_the_claim_clearly_and_writes_nothing(state, caps):

@@ -22,11 +22,13 @@ from services.allocation.dra.preparer import ClaimPreparer
 from services.allocation.partitions import PartitionManager, on_demand_option
 from services.allocation.partitions.by_backend import CompositePartitionManager
 from services.allocation.partitions.mig import MigPartitionManager
-from services.allocation.partitions.mig_nvml import Placement
 from services.allocation.partitions.sim import SimPartitionManager
+from services.discovery.backends import nvml as nvml_backend
 from services.discovery.backends import sim
+from services.discovery.backends.sysfs import Sysfs
 from shared.errors import ClaimError, ClaimUIDMismatchError, InvalidOpaqueConfigError
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors.nvidia.mig import Placement
 from tests.fakes.nvml_mig import FakeMigNVML
 
 DRIVER = "sim.dra-suite.io"
@@ -379,6 +381,74 @@ async def test_an_nvml_option_is_a_gpu_instance_at_its_placement(tmp_path, kube_
     await rig.preparer.unprepare(ref)
     assert nvml.gpu_instances_of(0) == []
     assert await mig.partitions() == []
+
+
+async def _discovered(nvml: FakeMigNVML) -> inventory_pb2.Inventory:
+    """What the nvml discovery backend publishes for the fake's GPUs as they are now: options
+    made on demand where a MIG device may be made, and the MIG devices that exist."""
+    options = nvml_backend.NvmlOptions(mig_profiles=("1g.10gb", "3g.40gb"))
+    backend = nvml_backend.NvmlBackend(nvml.inner, options=options, sysfs=Sysfs("/nonexistent"))
+    scan = await backend.scan()
+    return inventory_pb2.Inventory(
+        driver=DRIVER,
+        node=NODE,
+        pool=NODE,
+        backend="nvml",
+        devices=scan.devices,
+        shared_counters=scan.shared_counters,
+        generation=1,
+    )
+
+
+async def test_a_discovered_nvml_option_made_before_a_crash_is_finished_once_it_exists(
+    tmp_path, kube_reader, make_claim
+):
+    caps = tmp_path / "caps"
+    nvml = FakeMigNVML(count=1, capabilities_root=caps)
+    state = tmp_path / "mig-partitions.json"
+
+    def partitions() -> CompositePartitionManager:
+        mig = MigPartitionManager(state, open_library=lambda: nvml, capabilities_root=caps)
+        return CompositePartitionManager([mig], backend=lambda: "nvml")
+
+    three_g = "gpu-0-mig-3g40gb-9-4"
+    inventory = await _discovered(nvml)
+    assert on_demand_option(_named(inventory, three_g), claim_uid="c") is not None
+    rig = _rig(tmp_path, kube_reader, inventory, partitions=partitions())
+    ref = _claim(kube_reader, make_claim, three_g)
+    record = await rig.preparer.prepare(ref)
+    [(gi, placement, cis)] = nvml.gpu_instances_of(0)
+    assert (placement, cis) == (Placement(4, 4), 1)
+    [made] = record.partitions
+    # As if killed after the MIG device was made: PrepareStarted naming it, no spec.
+    started = dataclasses.replace(
+        record,
+        state=ClaimState.PREPARE_STARTED,
+        cdi_spec=None,
+        partitions=(PreparedPartition(device=three_g, profile="3g.40gb"),),
+    )
+    await rig.checkpoints.put(started)
+    (rig.cdi_root / spec_files.spec_file_name(DRIVER, ref.uid)).unlink()
+    # Meanwhile discovery scanned: the slot is the MIG device that exists now, same name.
+    now = await _discovered(nvml)
+    existing = _named(now, three_g)
+    assert (existing.uuid, on_demand_option(existing, claim_uid="c")) == (made.partition_id, None)
+
+    restarted = _rig(tmp_path, kube_reader, now, partitions=partitions())
+    finished = await restarted.preparer.prepare(ref)
+    assert finished.partitions == record.partitions
+    assert nvml.gpu_instances_of(0) == [(gi, Placement(4, 4), 1)]  # found, not made again
+    spec = restarted.spec(ref.uid)
+    assert spec is not None
+    assert _env(spec["devices"][0])["NVIDIA_VISIBLE_DEVICES"] == made.partition_id
+    await restarted.preparer.unprepare(ref)
+    assert nvml.gpu_instances_of(0) == []
+    assert on_demand_option(_named(await _discovered(nvml), three_g), claim_uid="c") is not None
+
+
+def _named(inventory: inventory_pb2.Inventory, name: str) -> inventory_pb2.Device:
+    [device] = [d for d in inventory.devices if d.name == name]
+    return device
 
 
 async def test_every_published_sim_option_is_a_placement_the_sim_manager_takes(tmp_path):

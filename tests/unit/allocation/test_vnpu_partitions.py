@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from services.allocation.partitions import vnpu_npusmi
 from services.allocation.partitions.vnpu import VnpuPartitionManager
-from services.allocation.partitions.vnpu_npusmi import NpuSmiError
 from shared.errors import ClaimError, InvalidOpaqueConfigError
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors.ascend import npusmi
+from shared.vendors.ascend.npusmi import NpuSmiError
 from tests.fakes.npusmi_vnpu import Crash, FakeChip, FakeVnpuNpuSmi, install
 
 CLAIM_A = "aaaaaaaa-0000-4000-8000-000000000001"
@@ -253,7 +253,8 @@ async def test_the_real_runner_reports_exit_status_timeouts_and_a_missing_binary
         await gone.create(claim_uid=CLAIM_A, device=_npu(0), profile=TEMPLATE)
 
 
-# The parsers, on the layouts of docs/hardware.md §3.3 and 3.6.
+# The shared parsers the manager reads npu-smi with, on the layouts of docs/hardware.md §3.3
+# and 3.6.
 
 _INFO_VNPU_310P = """\
 +-------------------------------------------------------------------------------+
@@ -280,34 +281,32 @@ _INFO_M_910A = (
 
 
 def test_info_vnpu_is_read_as_published():
-    listing = vnpu_npusmi.parse_vnpus(_INFO_VNPU_310P)
+    listing = npusmi.parse_vnpus(_INFO_VNPU_310P)
     assert listing.vnpus == {100: "vir01", 101: "vir02", 102: "vir04"}
     assert listing.free_ai_cores is None
     with pytest.raises(NpuSmiError, match="says 4 vNPUs but lists 3"):
-        vnpu_npusmi.parse_vnpus(_INFO_VNPU_310P.replace("vnpu: 3", "vnpu: 4"))
+        npusmi.parse_vnpus(_INFO_VNPU_310P.replace("vnpu: 3", "vnpu: 4"))
     with pytest.raises(NpuSmiError, match="is not a vNPU row"):
-        vnpu_npusmi.parse_vnpus(_INFO_VNPU_310P.replace("|  101 ", "|  x01 "))
+        npusmi.parse_vnpus(_INFO_VNPU_310P.replace("|  101 ", "|  x01 "))
 
 
 def test_info_m_maps_chips_to_cards_and_leaves_out_the_mcu():
-    chips = vnpu_npusmi.parse_chip_map(_INFO_M_910A)
+    chips = npusmi.parse_chip_map(_INFO_M_910A)
     assert [(c.card, c.chip, c.logic_id, c.name) for c in chips] == [
         (0, 0, 0, "Ascend 910A"),
         (1, 0, 1, "Ascend 910A"),
     ]
     a3 = "NPU ID  Chip ID  Chip Logic ID  Chip Phy-ID  Chip Name\n4  1  9  17  Ascend910\n"
-    [die] = vnpu_npusmi.parse_chip_map(a3)
+    [die] = npusmi.parse_chip_map(a3)
     assert (die.card, die.chip, die.logic_id, die.phy_id) == (4, 1, 9, 17)
     with pytest.raises(NpuSmiError, match="expected a number, got 'x'"):
-        vnpu_npusmi.parse_chip_map(_INFO_M_910A.replace("\t1  ", "\tx  ", 1))
+        npusmi.parse_chip_map(_INFO_M_910A.replace("\t1  ", "\tx  ", 1))
 
 
 def test_a_set_command_that_says_fail_is_an_error():
-    vnpu_npusmi.check_status("\tStatus : OK\n\tMessage : Destroy vnpu 100 success\n", "destroy")
+    npusmi.check_status("\tStatus : OK\n\tMessage : Destroy vnpu 100 success\n", "destroy")
     with pytest.raises(NpuSmiError, match="destroy: The vnpu 100 does not exist"):
-        vnpu_npusmi.check_status(
-            "\tStatus : FAIL\n\tMessage : The vnpu 100 does not exist\n", "destroy"
-        )
+        npusmi.check_status("\tStatus : FAIL\n\tMessage : The vnpu 100 does not exist\n", "destroy")
 
 
 async def test_a_malformed_entry_fails_its_claim_not_the_agent(manager, state):

@@ -26,6 +26,7 @@ from celpy.evaluation import CELEvalError
 from services.allocation import cli as allocation_cli
 from services.discovery import cli as discovery_cli
 from services.health import cli as health_cli
+from services.natsauth import secrets as natsauth_secrets
 from tests.unit.deploy import cel_quantity
 
 REPO = Path(__file__).resolve().parents[3]
@@ -40,10 +41,12 @@ NATS_AUTH_ENV = {  # secrets only as files (a mounted Secret): never NATS_PASSWO
     *("NATS_USER", "NATS_PASSWORD_FILE", "NATS_TOKEN_FILE", "NATS_NKEY_SEED_FILE"),
     *("NATS_CREDS_FILE", "NATS_TLS_CA_FILE", "NATS_TLS_CERT_FILE", "NATS_TLS_KEY_FILE"),
 }
+BUS_SIGNATURES_ENV = {"BUS_SIGNATURES", "BUS_AUTH_KEY_FILE"}
 _COMMON = {
     *("NODE_NAME", "DRIVER_NAME", "NATS_URL", "KUBECONFIG"),
     *("LOG_LEVEL", "LOG_FORMAT", "OPS_PORT", "NATS_REPLICAS"),
     *NATS_AUTH_ENV,
+    *BUS_SIGNATURES_ENV,
 }
 AGENT_ENV = {  # what the deployments may set: env twins of each agent's flags
     "discovery": _COMMON
@@ -169,12 +172,19 @@ CALLOUT_KEYS = {
     "xkey.pub",
     "auth-password",
     "sys-password",
+    "certify.seed",
+    "certify.pub",
 }
+AUTH_KEY_FILE = "/etc/dra-suite/bus-auth-key/certify.pub"
+AUTH_KEY_CONFIGMAP = "dra-suite-bus-auth-key"
+"""The auth service's public certify key (`certify.pub` of the callout Secret), which every agent
+checks signed records against (docs/security.md "Signed records")."""
 AUTH_SERVICE_ENV = {  # env twins of dra-nats-auth's flags (interfaces.md)
     *("NATS_URL", "NATS_USER", "NATS_PASSWORD_FILE", "NATS_TLS_CA_FILE", "NATS_NAMESPACE"),
     *("ISSUER_SEED_FILE", "XKEY_SEED_FILE", "AUDIENCE", "TARGET_ACCOUNT", "AGENT_NAMESPACE"),
     *("OPERATOR_USERS", "OPERATOR_GROUPS", "DRIVER_NAME", "OPS_PORT", "KUBECONFIG"),
     *("LOG_LEVEL", "LOG_FORMAT", "SYS_USER", "SYS_PASSWORD_FILE", "REVOCATIONS_CONFIGMAP"),
+    "CERTIFY_SEED_FILE",
 }
 AGENT_SHUTDOWN_S = 10
 CEL_DRIVER = re.compile(r'device\.driver\s*==\s*"([^"]+)"')
@@ -214,9 +224,10 @@ def _name(doc: dict[str, Any]) -> str:
 
 def is_kubernetes(doc: dict[str, Any]) -> bool:
     """False for objects no Kubernetes schema knows: cert-manager's, the Prometheus Operator's
-    (test_install_components checks them), kustomize's own plugins."""
+    (test_install_components checks them), KubeVirt's (test_vfio_example checks them),
+    kustomize's own plugins."""
     return not str(doc.get("apiVersion", "")).startswith(
-        ("cert-manager.io/", "monitoring.coreos.com/", "builtin")
+        ("cert-manager.io/", "monitoring.coreos.com/", "kubevirt.io/", "builtin")
     )
 
 
@@ -310,12 +321,18 @@ def _resolved_env(ds: dict[str, Any]) -> dict[str, str]:
 @functools.cache
 def stand_in_files() -> dict[str, str]:
     """Local files for the paths the pods read their bus credentials from (the projected token,
-    the CA certificate): the agents read and check them when they parse their config."""
+    the CA certificate, the auth service's certify key): the agents read and check them when
+    they parse their config."""
     folder = Path(tempfile.mkdtemp(prefix="dra-deploy-"))
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     (folder / "token").write_text("projected-service-account-token\n")
     trustme.CA().cert_pem.write_to_path(str(folder / "ca.crt"))
-    return {TOKEN_FILE: str(folder / "token"), CA_FILE: str(folder / "ca.crt")}
+    (folder / "certify.pub").write_text(natsauth_secrets.material()["certify.pub"] + "\n")
+    return {
+        TOKEN_FILE: str(folder / "token"),
+        CA_FILE: str(folder / "ca.crt"),
+        AUTH_KEY_FILE: str(folder / "certify.pub"),
+    }
 
 
 def local_env(env: Mapping[str, str]) -> dict[str, str]:

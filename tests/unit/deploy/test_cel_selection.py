@@ -81,6 +81,7 @@ NOT_ALLOCATED_ON_SIM = {
     "all-sim-npus-admin": "allocationMode All with adminAccess: selector matching only",
     "sim-gpu-10gi-share": "capacity requests: selector matching and capacity filter only",
     "one-mig-1g-10gb": "nvidia overlay: allocated against slices of a fake H100 node",
+    "vm-gpu-passthrough": "its own DeviceClass over a sim sysfs tree (test_vfio_example.py)",
 }
 
 

@@ -36,7 +36,11 @@ from tests.unit.deploy.manifests import (
     is_kubernetes,
 )
 from tests.unit.deploy.test_cert_manager_component import SCHEMAS as CERT_MANAGER_SCHEMAS
-from tests.unit.deploy.test_install_components import POD_MONITOR_SCHEMA, _selects
+from tests.unit.deploy.test_install_components import (
+    POD_MONITOR_SCHEMA,
+    PROMETHEUS_RULE_SCHEMA,
+    _selects,
+)
 from tests.unit.deploy.test_install_namespace import (
     CLUSTER_SCOPED,
     OLD_NAMESPACE_IN_TEXT,
@@ -295,6 +299,8 @@ def _validate(text: str, version: str) -> None:
         kubernetes_validate.validate(obj, version, strict=True)
     elif obj["apiVersion"].startswith("cert-manager.io/"):
         jsonschema.validate(obj, CERT_MANAGER_SCHEMAS[obj["kind"]])
+    elif obj["kind"] == "PrometheusRule":
+        jsonschema.validate(obj, PROMETHEUS_RULE_SCHEMA)
     else:
         jsonschema.validate(obj, POD_MONITOR_SCHEMA)
 

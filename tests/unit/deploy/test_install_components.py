@@ -371,6 +371,54 @@ POD_MONITOR_SCHEMA: dict[str, Any] = {
 }
 
 
+_STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
+PROMETHEUS_RULE_SCHEMA: dict[str, Any] = {
+    # The parts of the PrometheusRule CRD (monitoring.coreos.com/v1) the rule uses, as the CRD
+    # states them; nothing else is allowed here.
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "PrometheusRule"},
+        "metadata": POD_MONITOR_SCHEMA["properties"]["metadata"],
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "groups": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["name"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "name": {"type": "string", "minLength": 1},
+                            "rules": {
+                                "type": "array",
+                                "items": {
+                                    "type": "object",
+                                    "required": ["expr"],
+                                    "additionalProperties": False,
+                                    "properties": {
+                                        "alert": {"type": "string"},
+                                        "record": {"type": "string"},
+                                        "expr": {"type": ["string", "integer"]},
+                                        "for": {"type": "string", "pattern": _DURATION},
+                                        "labels": _STRING_MAP,
+                                        "annotations": _STRING_MAP,
+                                    },
+                                },
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+
 def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
     if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
         return False
@@ -441,6 +489,20 @@ def test_the_pod_monitor_check_refuses_what_the_crd_refuses() -> None:
             jsonschema.validate(broken, POD_MONITOR_SCHEMA)
 
 
+def test_the_prometheus_rule_is_valid_and_in_the_install_namespace() -> None:
+    objects = _render("overlays/sim", "components/prometheus-operator", namespace="gpu-system")
+    (rule,) = _of_kind(objects, "PrometheusRule")
+    jsonschema.validate(rule, PROMETHEUS_RULE_SCHEMA)
+    assert rule["metadata"]["namespace"] == "gpu-system"
+    for broken in (
+        {**rule, "spec": {"groups": [{"rules": []}]}},
+        {**rule, "spec": {"groups": [{"name": "x", "rules": [{"alert": "A", "for": "5 m",
+                                                              "expr": "up"}]}]}},
+    ):  # fmt: skip
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(broken, PROMETHEUS_RULE_SCHEMA)
+
+
 # --- priority classes ---------------------------------------------------------------------
 
 
@@ -481,7 +543,7 @@ EVERY_OPTION = (
     *("overlays/nvidia/k8s-1.36", "components/cert-manager", "components/device-plugin"),
     *("components/nvidia-driver-root", "components/nvidia-arm64", "components/kubelet-root-k0s"),
     *("components/nfd-nvidia", "components/image-pull-secret", "components/openshift"),
-    *("components/prometheus-operator", "components/slice-taints"),
+    *("components/prometheus-operator", "components/slice-taints", "components/vfio-passthrough"),
 )
 
 
@@ -500,3 +562,6 @@ def test_every_option_together_renders_valid_objects_the_agents_accept() -> None
     assert _nvml_host_file(objects).startswith("/run/nvidia/driver/usr/lib/aarch64-linux-gnu/")
     assert allocation["spec"]["template"]["spec"]["imagePullSecrets"]
     assert _container(allocation)["securityContext"]["seLinuxOptions"] == {"type": "spc_t"}
+    assert _container(allocation)["securityContext"]["appArmorProfile"] == {"type": "Unconfined"}
+    mounts = {m["mountPath"] for m in _container(allocation)["volumeMounts"]}
+    assert {"/sys/bus/pci", "/sys/devices"} <= mounts

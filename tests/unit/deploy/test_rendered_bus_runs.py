@@ -1,10 +1,11 @@
 """The sim overlay's bus, run as rendered: nats-server on the rendered config, dra-nats-auth on
-the rendered Deployment's env, the Secret from `dra-nats-auth keygen` (as the README installs
-it), the ServiceAccounts, pods and tokens as the rendered objects name them (TokenRequest on the
-API emulator, audience from the DaemonSets' projected volume). An agent that parses its
-DaemonSet's env gets in over TLS and works its own key; the operator's token gets in; a token
-for another audience, a pod of another account and a client without TLS do not. Only addresses
-and the pods' file paths are made local."""
+the rendered Deployment's env, the Secret from `dra-nats-auth keygen` and the ConfigMap of its
+`certify.pub` (as docs/install.md makes them), the ServiceAccounts, pods and tokens as the
+rendered objects name them (TokenRequest on the API emulator, audience from the DaemonSets'
+projected volume). An agent that parses its DaemonSet's env gets in over TLS, has its writer key
+certified and works its own key with signed records enforced; the operator's token gets in; a
+token for another audience, a pod of another account and a client without TLS do not. Only
+addresses and the pods' file paths are made local."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import contextlib
 import ssl
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -29,9 +31,11 @@ from services.devcluster.apiserver.config import ClusterConfig
 from services.devcluster.natsserver import NATSServerProcess
 from services.natsauth import cli as auth_cli
 from services.natsauth.agent import AuthService
+from shared.bus import signing
 from shared.supervisor import run_agent
 from tests.integration.security.callout_stack import connected
 from tests.unit.deploy.manifests import (
+    AUTH_KEY_CONFIGMAP,
     CONFIG_BUILDERS,
     KUBECTL,
     OBJECTS,
@@ -71,21 +75,25 @@ def _keygen_secret() -> Obj:
 
 
 def _files_of(
-    workload: Obj, secrets: Mapping[str, Mapping[str, str]], folder: Path
+    workload: Obj, objects: Mapping[str, Mapping[str, str]], folder: Path
 ) -> dict[str, str]:
-    """Pod path -> local file for every Secret item the container mounts (content from
-    `secrets`), so that the container's `*_FILE` env can point at them."""
+    """Pod path -> local file for every Secret and ConfigMap item the container mounts (content
+    from `objects`, by name), so that the container's `*_FILE` env can point at them."""
     pod, container = workload["spec"]["template"]["spec"], _container(workload)
     volumes = {v["name"]: v for v in pod["volumes"]}
     local: dict[str, str] = {}
     for mount in container.get("volumeMounts", []):
-        secret = volumes.get(mount["name"], {}).get("secret")  # a claim template: none
-        if secret is None:
+        volume = volumes.get(mount["name"], {})  # a claim template: none
+        if "secret" in volume:
+            name, items = volume["secret"]["secretName"], volume["secret"]["items"]
+        elif volume.get("configMap", {}).get("name") in objects:  # not the server's config
+            name, items = volume["configMap"]["name"], volume["configMap"]["items"]
+        else:
             continue
-        for item in secret["items"]:
+        for item in items:
             path = folder / mount["name"] / item["path"]
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(secrets[secret["secretName"]][item["key"]])
+            path.write_text(objects[name][item["key"]])
             local[f"{mount['mountPath']}/{item['path']}"] = str(path)
     return local
 
@@ -185,6 +193,8 @@ async def test_the_rendered_bus_admits_its_agents_and_operator_and_nobody_else(
             "tls.key": server_cert.private_key_pem.bytes().decode(),
             "ca.crt": ca.cert_pem.bytes().decode(),
         },
+        # Not a Secret: the ConfigMap docs/install.md has an admin make from the callout Secret.
+        AUTH_KEY_CONFIGMAP: {"certify.pub": callout["stringData"]["certify.pub"]},
     }
     # nats-server: the rendered config and env, file paths local.
     nats_set = _one(objects, "StatefulSet", "nats")
@@ -230,11 +240,15 @@ async def test_the_rendered_bus_admits_its_agents_and_operator_and_nobody_else(
                 env = {k: files.get(v, v) for k, v in _resolved_env(ds).items()}
                 env |= {"NATS_URL": url, "NODE_NAME": NODE}
                 settings = CONFIG_BUILDERS[agent]([], env).nats
+                assert settings.bus_signatures == signing.ENFORCE, agent
                 async with connected(settings, component=agent, node=NODE) as bus:
-                    if agent == "discovery":  # its own inventory key: written and read back
+                    if agent == "discovery":  # its own inventory key: written and read back,
+                        # signed with a certified key (enforce drops anything else)
                         key = bus.names.inventory_key(env["DRIVER_NAME"], NODE)
                         bucket = bus.names.inventory_bucket
                         await bus.kv_put(bucket, key, b"probe")
+                        assert bus.records.writer is not None
+                        assert bus.records.writer.usable(time.time()), "certified"
                         assert await bus.kv_get(bucket, key) == b"probe"
                 # The same account's token for another audience is refused.
                 other = await _token(kube, pod=pod, audience="https://kubernetes.default.svc")

@@ -6,6 +6,7 @@ also runs on a real nats-server: plain and anonymous clients are refused there."
 from __future__ import annotations
 
 import base64
+import copy
 import importlib.util
 import os
 import re
@@ -24,6 +25,8 @@ import trustme
 
 from services.devcluster.natsserver import NATSServerProcess
 from tests.unit.deploy.manifests import (
+    AUTH_KEY_CONFIGMAP,
+    AUTH_KEY_FILE,
     AUTH_SERVICE_ENV,
     BUS_AUDIENCE,
     CA_FILE,
@@ -183,6 +186,63 @@ def test_every_agent_connects_over_tls_with_its_projected_token(target, componen
         assert volume["secret"]["items"] == [{"key": "ca.crt", "path": path}], "never the key"
 
 
+SIGNATURE_TARGETS = [
+    *TARGETS,
+    *((f"overlays/{o}", ("components/device-plugin",)) for o in OVERLAYS),
+]
+SIGNATURE_IDS = [*TARGET_IDS, *(f"overlays/{o}+device-plugin" for o in OVERLAYS)]
+ACCEPT = "components/bus-signatures-accept"
+
+
+def _assert_checks_signed_records(ds: Obj, mode: str) -> None:
+    """The agent runs signed records in `mode`, with the auth service's public key from the
+    ConfigMap, and its pod references no Secret but the TLS one (for the CA)."""
+    name = ds["metadata"]["name"]
+    assert _value(ds, "BUS_SIGNATURES") == mode, name
+    assert _value(ds, "BUS_AUTH_KEY_FILE") == AUTH_KEY_FILE, name
+    volume, path = _volume_of(ds, AUTH_KEY_FILE)
+    assert volume["configMap"] == {
+        "name": AUTH_KEY_CONFIGMAP,
+        "items": [{"key": "certify.pub", "path": path}],
+    }, name
+    volumes = ds["spec"]["template"]["spec"]["volumes"]
+    secrets = {v["secret"]["secretName"] for v in volumes if "secret" in v}
+    assert secrets == {TLS_SECRET}, f"{name}: a node reads every Secret its pods mount"
+
+
+@needs_kubectl
+@pytest.mark.parametrize(("target", "components"), SIGNATURE_TARGETS, ids=SIGNATURE_IDS)
+def test_every_agent_signs_and_enforces_signed_records(target, components):
+    daemonsets = _of_kind(render(target, components), "DaemonSet")
+    assert len(daemonsets) == len(AGENTS) + ("components/device-plugin" in components)
+    for ds in daemonsets:
+        _assert_checks_signed_records(ds, "enforce")
+
+
+@needs_kubectl
+@pytest.mark.parametrize(
+    "components",
+    [(ACCEPT,), (ACCEPT, "components/device-plugin"), ("components/device-plugin", ACCEPT)],
+    ids=["alone", "before-device-plugin", "after-device-plugin"],
+)
+def test_the_upgrade_component_turns_every_agent_to_accept_and_nothing_else(components):
+    accepting = render("overlays/nvidia", components)
+    enforcing = render("overlays/nvidia", tuple(c for c in components if c != ACCEPT))
+    daemonsets = _of_kind(accepting, "DaemonSet")
+    assert len(daemonsets) == len(AGENTS) + len(components) - 1
+    for ds in daemonsets:
+        _assert_checks_signed_records(ds, "accept")
+    # Otherwise the same objects: removing the component rolls every agent to enforce. (The
+    # patch moves the entry to the front of the env; no other value refers to it.)
+    changed, expected = copy.deepcopy(accepting), copy.deepcopy(enforcing)  # render caches
+    for ds in _of_kind(changed, "DaemonSet"):
+        (entry,) = [e for e in _container(ds)["env"] if e["name"] == "BUS_SIGNATURES"]
+        entry["value"] = "enforce"
+    for ds in _of_kind(changed, "DaemonSet") + _of_kind(expected, "DaemonSet"):
+        _container(ds)["env"].sort(key=lambda e: e["name"])
+    assert changed == expected
+
+
 SECRET_NAME = re.compile(r"PASSWORD|TOKEN|SEED|SECRET|CREDS|PRIVATE|_KEY$", re.I)
 SECRET_VALUE = re.compile(
     r"^S[A-Z][A-Z2-7]{56}$"  # an nkey seed
@@ -235,6 +295,7 @@ def test_the_auth_service_runs_twice_unprivileged_with_its_secrets_as_files(targ
         ("SYS_PASSWORD_FILE", "sys-password"),
         ("ISSUER_SEED_FILE", "issuer.seed"),
         ("XKEY_SEED_FILE", "xkey.seed"),
+        ("CERTIFY_SEED_FILE", "certify.seed"),
     ):
         volume, path = _volume_of(deployment, _value(deployment, variable))
         assert volume["secret"]["secretName"] == CALLOUT_SECRET
@@ -572,7 +633,7 @@ def test_operators_may_mint_the_operator_token_and_reach_the_nats_pod_and_nothin
         ("serviceaccounts/token", "create", ("dra-operator",)),
         ("pods", "get", (nats_pod,)),
         ("pods/portforward", "create", (nats_pod,)),
-        ("configmaps", "get", ("dra-suite-nats-ca",)),
+        ("configmaps", "get", ("dra-suite-nats-ca", AUTH_KEY_CONFIGMAP)),
     }
 
 

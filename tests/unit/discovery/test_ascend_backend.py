@@ -70,7 +70,12 @@ async def test_910b_npus_are_published_with_the_sim_attribute_names(sysfs_910b3)
         "/dev/hisi_hdc",
     ]
     assert dict(npu.env) == {"ASCEND_VISIBLE_DEVICES": "2"}
-    assert fake.calls == [("npu-smi", "info"), ("npu-smi", "info", "-t", "topo")]
+    assert fake.calls[:2] == [("npu-smi", "info"), ("npu-smi", "info", "-t", "topo")]
+    assert fake.calls[2:] == [
+        ("npu-smi", "info", "-t", "info-vnpu", "-i", str(card), "-c", "0") for card in range(8)
+    ]
+    assert scan.shared_counters == ()  # no chip lists vNPUs: no counters
+    assert not any(d.consumes_counters for d in scan.devices)
 
 
 def test_the_published_names_are_those_of_the_sim_profile():

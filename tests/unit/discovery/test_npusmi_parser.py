@@ -1,10 +1,12 @@
-"""npu-smi parsers over every sample output: chips, ids, memory, health, HCCS groups, errors."""
+"""The shared npu-smi parsers (`shared.vendors.ascend.npusmi`) over every sample output: chips,
+ids, memory, health, HCCS groups (discovery's), errors."""
 
 from __future__ import annotations
 
 import pytest
 
-from services.discovery.backends import npusmi
+from services.discovery.backends import ascend
+from shared.vendors.ascend import npusmi
 from tests.fakes.npusmi import FIXTURES
 
 
@@ -81,14 +83,14 @@ def test_a_table_without_chips_is_an_empty_node():
     ids=["garbage", "truncated", "bad-bus-id", "topo-instead-of-info"],
 )
 def test_malformed_summaries_raise_a_clear_error(fixture, message):
-    with pytest.raises(npusmi.NpuSmiFormatError, match=message):
+    with pytest.raises(npusmi.NpuSmiError, match=message):
         _info(fixture)
 
 
 def test_an_unknown_row_inside_the_table_is_an_error():
     text = (FIXTURES / "910b1-single.txt").read_text()
     broken = text.replace("| 0     910B1               | OK ", "| zero  910B1               | OK ")
-    with pytest.raises(npusmi.NpuSmiFormatError, match="not a chip row"):
+    with pytest.raises(npusmi.NpuSmiError, match="not a chip row"):
         npusmi.parse_info(broken)
 
 
@@ -109,7 +111,7 @@ def test_an_unknown_row_inside_the_table_is_an_error():
 def test_hccs_groups_are_the_connected_components(fixture, ids, groups):
     topo = _topo(fixture)
     assert list(topo.ids) == ids
-    assert npusmi.hccs_groups(topo) == groups
+    assert ascend.hccs_groups(topo) == groups
 
 
 def test_topo_reads_the_cpu_affinity_per_npu():
@@ -130,7 +132,7 @@ def test_nic_columns_and_rows_are_ignored():
     )
     topo = npusmi.parse_topo(text)
     assert topo.ids == (0, 1)
-    assert npusmi.hccs_groups(topo) == {}
+    assert ascend.hccs_groups(topo) == {}
 
 
 @pytest.mark.parametrize(
@@ -144,12 +146,12 @@ def test_nic_columns_and_rows_are_ignored():
     ids=["ragged", "unknown-link", "garbage", "info-instead-of-topo"],
 )
 def test_malformed_topologies_raise_a_clear_error(fixture, message):
-    with pytest.raises(npusmi.NpuSmiFormatError, match=message):
+    with pytest.raises(npusmi.NpuSmiError, match=message):
         _topo(fixture)
 
 
 def test_a_topology_missing_a_row_is_incomplete():
     lines = (FIXTURES / "910b3-topo-published.txt").read_text().splitlines()
     del lines[3]
-    with pytest.raises(npusmi.NpuSmiFormatError, match="not complete"):
+    with pytest.raises(npusmi.NpuSmiError, match="not complete"):
         npusmi.parse_topo("\n".join(lines))

@@ -291,6 +291,118 @@ async def test_unknown_profile_names_publish_no_partitions():
     assert by_name(scan)["gpu-0"].consumes_counters[0].counter_set == counters.name
 
 
+# --- MIG slots: options made on demand, MIG devices that exist --------------------------------
+
+
+async def test_placements_are_options_made_on_demand_over_the_gpus_counters():
+    scan = await backend(FakeNVML.node("H100-80GB", count=1), mig_profiles=H100_PROFILES).scan()
+    (counters,) = scan.shared_counters
+    options = [d for d in scan.devices if d.kind == "mig"]
+    assert len(options) == 7 + 2 + 1
+    for option in options:
+        # What the allocation agent reads to make it at prepare: flag, parent, profile, start.
+        assert option.attributes["createdOnDemand"].bool is True
+        assert (option.parent, option.uuid, dict(option.env)) == ("gpu-0", "", {})
+        assert option.attributes["profile"].string in H100_PROFILES
+        assert option.attributes["placementStart"].WhichOneof("value") == "int"
+        assert "uuid" not in option.attributes
+        [consumption] = option.consumes_counters
+        assert consumption.counter_set == counters.name
+        assert set(consumption.counters) <= set(counters.counters)
+    assert "createdOnDemand" not in by_name(scan)["gpu-0"].attributes
+
+
+def _caps(device: inventory_pb2.Device) -> list[str]:
+    return [n.path for n in device.device_nodes if n.path.startswith("/dev/nvidia-caps/")]
+
+
+async def test_mig_devices_that_exist_are_published_with_their_uuids():
+    fake = FakeNVML.node("H100-80GB", count=2, mig_enabled=True)
+    three_g = fake.make_mig_device(1, 9, 4)  # 3g.40gb on memory slices 4-7 of GPU 1
+    one_g = fake.make_mig_device(1, 19, 0)  # 1g.10gb on slice 0
+    # No --mig-profiles: only what exists is published, never an option.
+    scan = await backend(fake).scan()
+    devices = by_name(scan)
+    assert sorted(devices) == ["gpu-0", "gpu-1", "gpu-1-mig-1g10gb-19-0", "gpu-1-mig-3g40gb-9-4"]
+    for name, made in (("gpu-1-mig-3g40gb-9-4", three_g), ("gpu-1-mig-1g10gb-19-0", one_g)):
+        device = devices[name]
+        assert made.uuid.startswith("MIG-")
+        assert (device.kind, device.parent, device.uuid) == ("mig", "gpu-1", made.uuid)
+        assert device.attributes["uuid"].string == made.uuid
+        assert device.env["NVIDIA_VISIBLE_DEVICES"] == made.uuid
+        assert "createdOnDemand" not in device.attributes
+        assert device.attributes["parentUUID"].string == fake.gpus[1].uuid
+        # The GI's and CI's capability nodes of GPU minor 1, as mig-minors numbers them.
+        gi = 3 + 9 * (15 * 1 + made.gpu_instance)
+        assert _caps(device) == [f"/dev/nvidia-caps/nvidia-cap{m}" for m in (gi, gi + 1)]
+        assert device.device_nodes[0].path == "/dev/nvidia1"
+    assert devices["gpu-1-mig-3g40gb-9-4"].attributes["placementStart"].int == 4
+    # Both consume the GPU's counters: the whole GPU can no longer be handed out with them.
+    (counters,) = scan.shared_counters
+    assert counters.name == "gpu-1-counter-set"
+    assert not _fits([devices["gpu-1"], devices["gpu-1-mig-1g10gb-19-0"]], counters), (
+        "the whole GPU and its MIG device together"
+    )
+    assert _fits([devices["gpu-1-mig-1g10gb-19-0"], devices["gpu-1-mig-3g40gb-9-4"]], counters)
+    assert not devices["gpu-0"].consumes_counters  # no MIG device, no options: as before
+    sets = [counters.name]
+    assert all(
+        not validation.check_device(d, driver=DRIVER, counter_sets=sets) for d in scan.devices
+    )
+
+
+async def test_options_are_only_the_placements_still_free():
+    profiles = ("1g.10gb", "1g.10gb+me", "3g.40gb", "7g.80gb")
+    fake = FakeNVML.node("H100-80GB", count=1, mig_enabled=True)
+    made = fake.make_mig_device(0, 9, 4)  # 3g.40gb on slices 4-7
+    fake.make_mig_device(0, 20, 1)  # 1g.10gb+me on slice 1: its only instance
+    devices = by_name(await backend(fake, mig_profiles=profiles).scan())
+    on_demand = sorted(n for n, d in devices.items() if "createdOnDemand" in d.attributes)
+    existing = sorted(n for n, d in devices.items() if d.kind == "mig" and d.uuid)
+    # Slot 4 of 3g.40gb is the MIG device itself (one name per slot), not an option.
+    assert existing == ["gpu-0-mig-1g10gb-me-20-1", "gpu-0-mig-3g40gb-9-4"]
+    assert devices["gpu-0-mig-3g40gb-9-4"].uuid == made.uuid
+    # Free: 1g.10gb on slices 0, 2 and 3. Nothing overlapping slices 1 or 4-7, no second
+    # 1g.10gb+me (one per GPU), no 3g.40gb at 0 (overlaps slice 1), no 7g.80gb.
+    assert on_demand == [f"gpu-0-mig-1g10gb-19-{s}" for s in (0, 2, 3)]
+
+
+async def test_a_gpu_instance_still_without_its_compute_instance_stays_its_slots_option():
+    fake = FakeNVML.node("H100-80GB", count=1, mig_enabled=True)
+    made = fake.make_mig_device(0, 9, 4)
+    gi = fake.instances[0][made.gpu_instance]
+    gi.cis, gi.uuids = {}, {}  # the agent was killed between the GPU and compute instance
+    devices = by_name(await backend(fake, mig_profiles=("1g.10gb", "3g.40gb")).scan())
+    # The claim that got the option still finds it (its retry completes the MIG device);
+    # nothing else is offered on slices 4-7.
+    slot = devices["gpu-0-mig-3g40gb-9-4"]
+    assert (slot.attributes["createdOnDemand"].bool, slot.uuid) == (True, "")
+    assert sorted(n for n in devices if n != "gpu-0") == [
+        *(f"gpu-0-mig-1g10gb-19-{s}" for s in range(4)),
+        "gpu-0-mig-3g40gb-9-0",
+        "gpu-0-mig-3g40gb-9-4",
+    ]
+
+
+async def test_a_gpu_instance_with_several_compute_instances_is_left_out_but_blocks_options():
+    fake = FakeNVML.node("H100-80GB", count=1, mig_enabled=True)
+    made = fake.make_mig_device(0, 14, 2)  # 2g.20gb on slices 2-3 ...
+    gi = fake.instances[0][made.gpu_instance]
+    gi.cis = {0: 1, 1: 1}  # ... split into two 1-slice compute instances: two MIG devices
+    gi.uuids = {0: made.uuid, 1: "MIG-00000000-0000-4000-8000-000000000001"}
+    devices = by_name(await backend(fake, mig_profiles=("1g.10gb", "2g.20gb")).scan())
+    assert not [d for d in devices.values() if d.uuid.startswith("MIG-")]
+    assert sorted(n for n in devices if n != "gpu-0") == [
+        "gpu-0-mig-1g10gb-19-0",
+        "gpu-0-mig-1g10gb-19-1",
+        "gpu-0-mig-1g10gb-19-4",
+        "gpu-0-mig-1g10gb-19-5",
+        "gpu-0-mig-1g10gb-19-6",
+        "gpu-0-mig-2g20gb-14-0",
+        "gpu-0-mig-2g20gb-14-4",
+    ]
+
+
 def test_a_missing_driver_fails_the_load_with_a_clear_message():
     fake = FakeNVML.node(count=1)
     fake.init_error = nvml_api.NVMLCallError("nvmlInit", code=9, message="Driver Not Loaded")

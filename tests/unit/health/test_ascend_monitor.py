@@ -12,11 +12,11 @@ import pytest
 
 from services.health.monitors.ascend import AscendMonitor, device_names, run_command
 from services.health.monitors.watchdog import Watchdog
-from services.health.npusmi import NpuChip
 from services.health.observation import Observations
 from services.health.policy import UNMONITORED
 from shared.backoff import Backoff
 from shared.errors import BackendUnavailableError
+from shared.vendors.ascend.npusmi import NpuChip, NpuSmiError
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -109,13 +109,30 @@ async def test_a_missing_binary_raises_backend_unavailable(tmp_path):
         await run_command([str(tmp_path / "no-such-npu-smi"), "info"], 1.0)
 
 
-def test_multi_chip_cards_name_each_chip():
+def _chip(npu: int, chip: int, **ids: int) -> NpuChip:
+    return NpuChip(
+        npu_id=npu, chip_id=chip, name="x", health="OK", bus_id="0000:01:00.0", memory_mb=1, **ids
+    )
+
+
+def test_chips_are_named_as_discovery_publishes_them():
     chips = [
-        NpuChip(npu=0, chip=0, name="A3", health="OK"),
-        NpuChip(npu=0, chip=1, name="A3", health="OK"),
-        NpuChip(npu=4, chip=0, name="910B3", health="OK"),
+        _chip(0, 0, phy_id=0),  # A3 dies: by physical id, not card and chip
+        _chip(0, 1, phy_id=1),
+        _chip(7, 0, logic_id=0),  # 310P: by the Device column, not the card id
+        _chip(4, 0),  # 910B: by the NPU id
     ]
-    assert device_names(chips) == {(0, 0): "npu-0-0", (0, 1): "npu-0-1", (4, 0): "npu-4"}
+    assert [device_names([c])[(c.npu_id, c.chip_id)] for c in chips] == [
+        "npu-0",
+        "npu-1",
+        "npu-0",
+        "npu-4",
+    ]
+
+
+def test_two_chips_with_one_device_id_are_unreadable_output():
+    with pytest.raises(NpuSmiError, match="two chips with device id 3"):
+        device_names([_chip(3, 0), _chip(5, 0, logic_id=3)])
 
 
 async def test_output_turning_malformed_makes_devices_unmonitored_and_the_monitor_goes_on(

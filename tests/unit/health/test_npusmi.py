@@ -1,4 +1,5 @@
-"""npu-smi parsers and the Ascend error-code table, over captured and derived output."""
+"""The shared npu-smi parsers as the health monitor uses them, and the Ascend error-code table,
+over captured and derived output."""
 
 from __future__ import annotations
 
@@ -6,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from services.health import npu_faults, npusmi
-from services.health.npusmi import ChipHealth, NpuChip
+from services.health import npu_faults
 from services.health.observation import Fault
-from shared.errors import BackendUnavailableError
+from shared.vendors.ascend import npusmi
+from shared.vendors.ascend.npusmi import ChipHealth, NpuSmiError
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -18,34 +19,39 @@ def fixture(name: str) -> str:
     return (FIXTURES / name).read_text()
 
 
+def _chip(
+    npu: int, health: str, bus: str, *, name: str = "910B3", **ids: int
+) -> tuple[int, int, str, str, str, int]:
+    return (npu, ids.get("chip", 0), name, health, bus, ids.get("device", npu))
+
+
 @pytest.mark.parametrize(
     ("name", "expected"),
     [
         (
             "npu-smi-info-910b3.txt",
-            (
-                NpuChip(npu=0, chip=0, name="910B3", health="OK", bus_id="0000:C1:00.0"),
-                NpuChip(npu=1, chip=0, name="910B3", health="OK", bus_id="0000:C2:00.0"),
-            ),
+            [_chip(0, "OK", "0000:c1:00.0"), _chip(1, "OK", "0000:c2:00.0")],
         ),
         (
             "npu-smi-info-310p3.txt",
-            (NpuChip(npu=7, chip=0, name="310P3", health="OK", bus_id="0000:00:07.0"),),
+            [_chip(7, "OK", "0000:00:07.0", name="310P3", device=0)],
         ),
         (
             "npu-smi-info-910b3-faults.txt",
-            (
-                NpuChip(npu=0, chip=0, name="910B3", health="OK", bus_id="0000:C1:00.0"),
-                NpuChip(npu=1, chip=0, name="910B3", health="Alarm", bus_id="0000:C2:00.0"),
-                NpuChip(npu=2, chip=0, name="910B3", health="Critical", bus_id="0000:81:00.0"),
-                NpuChip(npu=3, chip=0, name="910B3", health="UNKNOWN", bus_id="0000:82:00.0"),
-            ),
+            [
+                _chip(0, "OK", "0000:c1:00.0"),
+                _chip(1, "Alarm", "0000:c2:00.0"),
+                _chip(2, "Critical", "0000:81:00.0"),
+                _chip(3, "UNKNOWN", "0000:82:00.0"),
+            ],
         ),
     ],
     ids=["8 x 910B3 sample", "310P3 sample with card id 7", "faults and a process table"],
 )
-def test_the_summary_table_gives_every_chip(name, expected):
-    assert npusmi.parse_summary(fixture(name)) == expected
+def test_the_shared_summary_parser_gives_every_chip_the_monitor_watches(name, expected):
+    chips = npusmi.parse_info(fixture(name))
+    found = [(c.npu_id, c.chip_id, c.name, c.health, c.bus_id, c.device_id) for c in chips]
+    assert found == expected
 
 
 @pytest.mark.parametrize(
@@ -53,26 +59,24 @@ def test_the_summary_table_gives_every_chip(name, expected):
     [
         "",
         "npu-smi: command not found\n",
-        "| NPU   Name                | Health        |\n",
-        "| NPU   Name | Health |\n| 0     910B3 | OK |\n",
+        "| NPU   Name | Health |\n| Chip | Bus-Id |\n| 0     910B3 | OK | 1.0 |\n",
         (
-            "| NPU   Name | Health |\n| 0     910B3 | OK |\n"
-            "| 1     910B3 | OK |\n| 0 | 0000:C2:00.0 |\n"
+            "| NPU   Name | Health |\n| Chip | Bus-Id |\n| 0     910B3 | OK | 1.0 |\n"
+            "| 1     910B3 | OK | 1.0 |\n| 0 | 0000:C2:00.0 | 0 0 / 1 |\n"
         ),
-        "| NPU   Name | Health |\n| 0  | 0000:C1:00.0 |\n",
+        "| NPU   Name | Health |\n| Chip | Bus-Id |\n| 0  | 0000:C1:00.0 | 0 0 / 1 |\n",
     ],
     ids=[
         "empty output",
         "an error message",
-        "a header without devices",
         "an NPU row without its chip row at the end",
         "an NPU row without its chip row before the next NPU",
         "a chip row without an NPU row",
     ],
 )
-def test_malformed_summaries_raise_backend_unavailable(text):
-    with pytest.raises(BackendUnavailableError):
-        npusmi.parse_summary(text)
+def test_malformed_summaries_raise_the_one_npu_smi_error(text):
+    with pytest.raises(NpuSmiError):
+        npusmi.parse_info(text)
 
 
 @pytest.mark.parametrize(
@@ -108,8 +112,8 @@ def test_chip_health_gives_status_codes_and_information(name, expected):
     ],
     ids=["empty", "no health status", "unknown status", "malformed code"],
 )
-def test_malformed_chip_health_raises_backend_unavailable(text):
-    with pytest.raises(BackendUnavailableError):
+def test_malformed_chip_health_raises_the_one_npu_smi_error(text):
+    with pytest.raises(NpuSmiError):
         npusmi.parse_chip_health(text)
 
 

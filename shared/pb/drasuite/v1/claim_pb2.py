@@ -24,19 +24,21 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x64rasuite/v1/claim.proto\x12\x0b\x64rasuite.v1\"t\n\x13PreparedClaimDevice\x12\x15\n\rrequest_names\x18\x01 \x03(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\t\x12\x10\n\x08share_id\x18\x04 \x01(\t\x12\x16\n\x0e\x63\x64i_device_ids\x18\x05 \x03(\t\"8\n\x08\x43laimPod\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0b\n\x03uid\x18\x03 \x01(\t\"\x83\x02\n\rPreparedClaim\x12\x0e\n\x06\x64river\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x11\n\tclaim_uid\x18\x03 \x01(\t\x12\x11\n\tnamespace\x18\x04 \x01(\t\x12\x0c\n\x04name\x18\x05 \x01(\t\x12\x31\n\x07\x64\x65vices\x18\x06 \x03(\x0b\x32 .drasuite.v1.PreparedClaimDevice\x12#\n\x04pods\x18\x07 \x03(\x0b\x32\x15.drasuite.v1.ClaimPod\x12.\n\x05state\x18\x08 \x01(\x0e\x32\x1f.drasuite.v1.PreparedClaimState\x12\x18\n\x10prepared_unix_ms\x18\t \x01(\x03*]\n\x12PreparedClaimState\x12$\n PREPARED_CLAIM_STATE_UNSPECIFIED\x10\x00\x12!\n\x1dPREPARED_CLAIM_STATE_PREPARED\x10\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x64rasuite/v1/claim.proto\x12\x0b\x64rasuite.v1\"\xa9\x01\n\x13PreparedClaimDevice\x12\x15\n\rrequest_names\x18\x01 \x03(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\t\x12\x10\n\x08share_id\x18\x04 \x01(\t\x12\x16\n\x0e\x63\x64i_device_ids\x18\x05 \x03(\t\x12\x33\n\x0bpassthrough\x18\x06 \x01(\x0e\x32\x1e.drasuite.v1.DevicePassthrough\"8\n\x08\x43laimPod\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0b\n\x03uid\x18\x03 \x01(\t\"\x83\x02\n\rPreparedClaim\x12\x0e\n\x06\x64river\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x11\n\tclaim_uid\x18\x03 \x01(\t\x12\x11\n\tnamespace\x18\x04 \x01(\t\x12\x0c\n\x04name\x18\x05 \x01(\t\x12\x31\n\x07\x64\x65vices\x18\x06 \x03(\x0b\x32 .drasuite.v1.PreparedClaimDevice\x12#\n\x04pods\x18\x07 \x03(\x0b\x32\x15.drasuite.v1.ClaimPod\x12.\n\x05state\x18\x08 \x01(\x0e\x32\x1f.drasuite.v1.PreparedClaimState\x12\x18\n\x10prepared_unix_ms\x18\t \x01(\x03*]\n\x12PreparedClaimState\x12$\n PREPARED_CLAIM_STATE_UNSPECIFIED\x10\x00\x12!\n\x1dPREPARED_CLAIM_STATE_PREPARED\x10\x01*M\n\x11\x44\x65vicePassthrough\x12\x1b\n\x17\x44\x45VICE_PASSTHROUGH_NONE\x10\x00\x12\x1b\n\x17\x44\x45VICE_PASSTHROUGH_VFIO\x10\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'shared.pb.drasuite.v1.claim_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PREPAREDCLAIMSTATE']._serialized_start=478
-  _globals['_PREPAREDCLAIMSTATE']._serialized_end=571
-  _globals['_PREPAREDCLAIMDEVICE']._serialized_start=40
-  _globals['_PREPAREDCLAIMDEVICE']._serialized_end=156
-  _globals['_CLAIMPOD']._serialized_start=158
-  _globals['_CLAIMPOD']._serialized_end=214
-  _globals['_PREPAREDCLAIM']._serialized_start=217
-  _globals['_PREPAREDCLAIM']._serialized_end=476
+  _globals['_PREPAREDCLAIMSTATE']._serialized_start=532
+  _globals['_PREPAREDCLAIMSTATE']._serialized_end=625
+  _globals['_DEVICEPASSTHROUGH']._serialized_start=627
+  _globals['_DEVICEPASSTHROUGH']._serialized_end=704
+  _globals['_PREPAREDCLAIMDEVICE']._serialized_start=41
+  _globals['_PREPAREDCLAIMDEVICE']._serialized_end=210
+  _globals['_CLAIMPOD']._serialized_start=212
+  _globals['_CLAIMPOD']._serialized_end=268
+  _globals['_PREPAREDCLAIM']._serialized_start=271
+  _globals['_PREPAREDCLAIM']._serialized_end=530
 # @@protoc_insertion_point(module_scope)

@@ -41,6 +41,32 @@ PREPARED_CLAIM_STATE_PREPARED: PreparedClaimState.ValueType  # 1
 """NodePrepareResources completed: the CDI spec is written and the kubelet was answered."""
 Global___PreparedClaimState: _TypeAlias = PreparedClaimState  # noqa: Y015
 
+class _DevicePassthrough:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _DevicePassthroughEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DevicePassthrough.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    DEVICE_PASSTHROUGH_NONE: _DevicePassthrough.ValueType  # 0
+    """To containers, through the claim's CDI spec."""
+    DEVICE_PASSTHROUGH_VFIO: _DevicePassthrough.ValueType  # 1
+    """To a virtual machine (`passthrough: vfio`, docs/vfio.md): its PCI functions are bound to
+    vfio-pci until the claim is unprepared, so the host's driver and the health agent's monitor
+    (NVML, npu-smi) cannot see it meanwhile.
+    """
+
+class DevicePassthrough(_DevicePassthrough, metaclass=_DevicePassthroughEnumTypeWrapper):
+    """How a prepared device is handed over."""
+
+DEVICE_PASSTHROUGH_NONE: DevicePassthrough.ValueType  # 0
+"""To containers, through the claim's CDI spec."""
+DEVICE_PASSTHROUGH_VFIO: DevicePassthrough.ValueType  # 1
+"""To a virtual machine (`passthrough: vfio`, docs/vfio.md): its PCI functions are bound to
+vfio-pci until the claim is unprepared, so the host's driver and the health agent's monitor
+(NVML, npu-smi) cannot see it meanwhile.
+"""
+Global___DevicePassthrough: _TypeAlias = DevicePassthrough  # noqa: Y015
+
 @_typing.final
 class PreparedClaimDevice(_message.Message):
     """One allocation result of the claim, as answered to the kubelet."""
@@ -52,10 +78,15 @@ class PreparedClaimDevice(_message.Message):
     DEVICE_FIELD_NUMBER: _builtins.int
     SHARE_ID_FIELD_NUMBER: _builtins.int
     CDI_DEVICE_IDS_FIELD_NUMBER: _builtins.int
+    PASSTHROUGH_FIELD_NUMBER: _builtins.int
     pool: _builtins.str
     device: _builtins.str
     share_id: _builtins.str
     """The share of a multi-allocatable device; empty for a device allocated whole."""
+    passthrough: Global___DevicePassthrough.ValueType
+    """The health agent reports a device passed through as such and does not judge it by its
+    monitor while the claim is prepared.
+    """
     @_builtins.property
     def request_names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -68,10 +99,11 @@ class PreparedClaimDevice(_message.Message):
         device: _builtins.str = ...,
         share_id: _builtins.str = ...,
         cdi_device_ids: _abc.Iterable[_builtins.str] | None = ...,
+        passthrough: Global___DevicePassthrough.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cdi_device_ids", b"cdi_device_ids", "device", b"device", "pool", b"pool", "request_names", b"request_names", "share_id", b"share_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cdi_device_ids", b"cdi_device_ids", "device", b"device", "passthrough", b"passthrough", "pool", b"pool", "request_names", b"request_names", "share_id", b"share_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,1 @@
+"""Vendor device models shared by every agent: one package per vendor, one registry."""

@@ -1,0 +1,64 @@
+"""A connect given up half-way (the agent stops, or the server refuses the credentials) closes
+its socket: nats-py alone leaves it open for the garbage collector to find."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+
+from shared.bus.connection import Bus
+from shared.config import NATSSettings
+
+_INFO = {"server_id": "HANGS", "version": "2.15.1", "proto": 1, "max_payload": 1048576}
+
+
+class _SilentServer:
+    """Sends INFO, then never answers the client's PING: the connect hangs half-way."""
+
+    def __init__(self) -> None:
+        self.accepted = asyncio.Event()
+        self.closed_by_client = asyncio.Event()
+        self._server: asyncio.Server | None = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(f"INFO {json.dumps(_INFO)}\r\n".encode())
+        await writer.drain()
+        self.accepted.set()
+        while await reader.read(4096):
+            pass  # CONNECT and PING arrive; no PONG ever goes back
+        self.closed_by_client.set()
+        writer.close()
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[str]:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        try:
+            yield f"nats://127.0.0.1:{port}"
+        finally:
+            self._server.close()
+
+
+@pytest.mark.parametrize("stop", ["cancel", "connect_timeout"])
+async def test_a_connect_given_up_half_way_closes_its_socket(stop: str) -> None:
+    server = _SilentServer()
+    async with server.running() as url:
+        timeout_s = 0.3 if stop == "connect_timeout" else 30.0
+        bus = Bus(NATSSettings(url=url, connect_timeout_s=timeout_s), name="abandoned")
+        runner = asyncio.create_task(bus.run())
+        try:
+            await asyncio.wait_for(server.accepted.wait(), 5)
+            if stop == "cancel":
+                runner.cancel()
+            # Cancelled: the socket closes with the stop. Timed out: nats-py gives the attempt
+            # up and the next attempt opens a new socket; the old one is closed either way.
+            await asyncio.wait_for(server.closed_by_client.wait(), 5)
+        finally:
+            runner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await runner
+        assert not bus.connected.is_set()
