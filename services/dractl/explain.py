@@ -17,7 +17,7 @@ import dataclasses
 import json
 import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -97,6 +97,7 @@ async def run(args: argparse.Namespace, *, out: TextIO = sys.stdout) -> int:
                 driver=getattr(args, "driver_name", None),
                 notes=sys.stderr,
             )
+            statuses = await _device_statuses(kube, explanations)
         finally:
             await kube.close()
     except UnknownNodeError as exc:
@@ -105,7 +106,7 @@ async def run(args: argparse.Namespace, *, out: TextIO = sys.stdout) -> int:
     except (ExplainInputError, ManifestError, ClaimError, DraSuiteError) as exc:
         print(f"dractl explain: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    _render(explanations, output=getattr(args, "output", None), out=out)
+    _render(explanations, statuses, output=getattr(args, "output", None), out=out)
     return EXIT_FITS if all(e.fits for e in explanations) else EXIT_DOES_NOT_FIT
 
 
@@ -121,17 +122,42 @@ def _documents(args: argparse.Namespace) -> list[Any] | None:
         raise ExplainInputError(f"{args.filename}: {exc}") from exc
 
 
+async def _device_statuses(
+    kube: KubeClient, explanations: Sequence[Explanation | PodExplanation]
+) -> dict[str, list[Obj]]:
+    """The `status.devices` (KEP-4817: the drivers' conditions) of the explained claims that
+    exist in the cluster, by claim reference."""
+    found: dict[str, list[Obj]] = {}
+    for explanation in explanations:
+        if isinstance(explanation, PodExplanation) or "/" not in explanation.claim:
+            continue
+        namespace, name = explanation.claim.split("/", 1)
+        claim = await _get(kube, resources.RESOURCE_CLAIMS, (namespace, name))
+        devices = ((claim or {}).get("status") or {}).get("devices") or []
+        found[explanation.claim] = [d for d in devices if isinstance(d, dict)]
+    return found
+
+
 def _render(
-    explanations: Sequence[Explanation | PodExplanation], *, output: str | None, out: TextIO
+    explanations: Sequence[Explanation | PodExplanation],
+    statuses: Mapping[str, Sequence[Obj]],
+    *,
+    output: str | None,
+    out: TextIO,
 ) -> None:
-    data = [explain_view.as_data(e) for e in explanations]
+    data = [
+        explain_view.as_data(e, status=statuses.get(e.claim, ()))
+        if isinstance(e, Explanation)
+        else explain_view.as_data(e)
+        for e in explanations
+    ]
     if output == "json":
         json.dump(data[0] if len(data) == 1 else data, out, indent=2)
         out.write("\n")
     elif output == "yaml":
         yaml.safe_dump(data[0] if len(data) == 1 else data, out, sort_keys=False)
     else:
-        explain_view.table(explanations, out=out)
+        explain_view.table(explanations, out=out, statuses=statuses)
 
 
 async def explain_claims(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 from services.allocator.explanation import (
@@ -15,7 +15,10 @@ from services.allocator.explanation import (
 __all__ = ["as_data", "table"]
 
 
-def as_data(explanation: Explanation | PodExplanation) -> dict[str, Any]:
+def as_data(
+    explanation: Explanation | PodExplanation, *, status: Sequence[Mapping[str, Any]] = ()
+) -> dict[str, Any]:
+    """`status`: the claim's `status.devices` (KEP-4817), as the drivers wrote them."""
     if isinstance(explanation, PodExplanation):
         return _pod(explanation)
     data: dict[str, Any] = {
@@ -25,6 +28,8 @@ def as_data(explanation: Explanation | PodExplanation) -> dict[str, Any]:
     }
     if explanation.closest:
         data["closest"] = {"node": explanation.closest, "change": explanation.change or None}
+    if status:
+        data["devices"] = [dict(device) for device in status]
     return data
 
 
@@ -71,11 +76,17 @@ def _alternative(report: AlternativeReport) -> dict[str, Any]:
     return data
 
 
-def table(explanations: Sequence[Explanation | PodExplanation], *, out: TextIO) -> None:
+def table(
+    explanations: Sequence[Explanation | PodExplanation],
+    *,
+    out: TextIO,
+    statuses: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+) -> None:
     for explanation in explanations:
         if isinstance(explanation, PodExplanation):
             _pod_lines(explanation, out=out)
             continue
+        _status_lines((statuses or {}).get(explanation.claim, ()), out=out)
         fitting = [n.node for n in explanation.nodes if n.fits]
         out.write(
             f"CLAIM {explanation.claim}: fits on {len(fitting)} of {len(explanation.nodes)} "
@@ -128,6 +139,20 @@ def _node_lines(report: NodeReport, *, out: TextIO) -> None:
         width = max((len(v.device) for v in alternative.devices), default=0)
         for verdict in alternative.devices:
             out.write(f"      {verdict.device:<{width}}  {verdict.exclusion.message}\n")
+
+
+def _status_lines(devices: Sequence[Mapping[str, Any]], *, out: TextIO) -> None:
+    """The allocated devices' conditions as their drivers report them on the claim."""
+    for device in devices:
+        name = f"{device.get('driver', '')}/{device.get('pool', '')}/{device.get('device', '')}"
+        conditions = device.get("conditions") or []
+        shown = ", ".join(
+            f"{c.get('type')}={c.get('status')}"
+            + (f" ({c['reason']}: {c.get('message', '')})" if c.get("status") != "True" else "")
+            for c in conditions
+            if isinstance(c, Mapping)
+        )
+        out.write(f"DEVICE {name}: {shown or 'no conditions reported'}\n")
 
 
 def _pick(result: dict[str, Any]) -> str:

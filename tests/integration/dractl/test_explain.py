@@ -287,3 +287,39 @@ async def test_a_node_without_devices_says_so_and_exits_1(client, kube_settings,
     code, stderr = await _dractl(kube_settings, "explain", "-f", str(path), "--node", "cpu-only")
     assert code == 1
     assert "node cpu-only has no devices: no ResourceSlice names it" in stderr
+
+
+async def test_an_allocated_claim_shows_its_drivers_device_conditions(client, kube_settings):
+    claim = _claim("prepared")
+    await _allocate(client, claim, node="node-a", devices=["npu-4", "npu-5"])
+    stored = await client.get(resources.RESOURCE_CLAIMS, "prepared", namespace="default")
+    at = "2026-11-26T00:00:00Z"
+    ready = {"type": "Ready", "status": "True", "reason": "Prepared", "message": "",
+             "lastTransitionTime": at}  # fmt: skip
+    sick = {"type": "Healthy", "status": "False", "reason": "XID79",
+            "message": "fell off the bus", "lastTransitionTime": at}  # fmt: skip
+    stored["status"]["devices"] = [
+        {"driver": DRIVER, "pool": "node-a", "device": "npu-4", "conditions": [ready, sick]},
+        {"driver": DRIVER, "pool": "node-a", "device": "npu-5", "conditions": [ready]},
+    ]
+    await client.replace(
+        resources.RESOURCE_CLAIMS, stored, namespace="default", subresource="status"
+    )
+    code, out = await _explain(kube_settings, "prepared", "-o", "json")
+    assert code == 0
+    answer = json.loads(out)
+    assert [d["device"] for d in answer["devices"]] == ["npu-4", "npu-5"]
+    assert answer["devices"][0]["conditions"][1]["reason"] == "XID79"
+    code, out = await _explain(kube_settings, "prepared")
+    assert (
+        f"DEVICE {DRIVER}/node-a/npu-4: Ready=True, Healthy=False (XID79: fell off the bus)" in out
+    )
+    assert f"DEVICE {DRIVER}/node-a/npu-5: Ready=True" in out
+
+
+async def test_a_claim_without_device_status_shows_no_device_lines(client, kube_settings):
+    await client.create(resources.RESOURCE_CLAIMS, _claim("pending"), namespace="default")
+    _, out = await _explain(kube_settings, "pending", "-o", "json")
+    assert "devices" not in json.loads(out)
+    _, out = await _explain(kube_settings, "pending")
+    assert "DEVICE " not in out
