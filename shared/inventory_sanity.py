@@ -7,8 +7,8 @@ backend (the allocation agent picks its allowlist of container edits by it) also
 inventory naming another backend than the last good one: a node does not change its hardware
 backend while its agents run. Shared by the allocation and health agents.
 
-With signed records (`--bus-signatures`, issue 21) a reader also knows whether an inventory was
-signed by its key's owner. A signed one may raise the generation by at most
+With signed records (`--bus-signatures`, docs/security.md) a reader also knows whether an
+inventory was signed by its key's owner. A signed one may raise the generation by at most
 `MAX_GENERATION_STEP` (2^20) over the last good one (`generation_jump`): no discovery agent
 changes its inventory a million times between two reads, and a generation near 2^63 would
 leave its owner no room. The way back from a wrong high generation taken before signatures

@@ -1,4 +1,4 @@
-"""Values that prove their writer: writer certificates and signed records (issue 21). Pure.
+"""Values that prove their writer: writer certificates and signed records. Pure.
 
 Every agent process makes an ed25519 key pair at start and has `dra-nats-auth` certify its
 public key for the bus identity it connected as: a certificate says (node, role, key,
