@@ -156,7 +156,7 @@ def _local_config(
     rewrites = {
         "/etc/nats/tls/": f"{tls}/",
         "/etc/nats/route-tls/": f"{route_tls}/",
-        "http_port: 8222\n": f"http_port: {monitor}\n",
+        'http: "127.0.0.1:8222"\n': f'http: "127.0.0.1:{monitor}"\n',
         "store_dir: /data\n": "",  # the harness gives it as a flag
         "  port: 6222\n": f"  port: {route_port}\n",
     }

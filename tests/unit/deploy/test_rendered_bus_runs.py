@@ -202,7 +202,7 @@ async def test_the_rendered_bus_admits_its_agents_and_operator_and_nobody_else(
     config = _one(objects, "ConfigMap", "nats-config")["data"]["nats.conf"]
     for pod_path, local in nats_files.items():
         config = config.replace(pod_path, local)
-    config = config.replace("http_port: 8222\n", "").replace("store_dir: /data\n", "")
+    config = config.replace('http: "127.0.0.1:8222"\n', "").replace("store_dir: /data\n", "")
     (tmp_path / "nats.conf").write_text(config)
     for entry in _container(nats_set)["env"]:
         ref = entry["valueFrom"]["secretKeyRef"]

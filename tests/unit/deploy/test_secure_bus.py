@@ -475,7 +475,7 @@ def _local_config(config: str, *, tls_dir: Path) -> str:
     rewrites = {
         "/etc/nats/tls/tls.crt": str(tls_dir / "tls.crt"),
         "/etc/nats/tls/tls.key": str(tls_dir / "tls.key"),
-        "http_port: 8222\n": "",  # the test server needs no monitoring port
+        'http: "127.0.0.1:8222"\n': "",  # the test server needs no monitoring port
         # The harness gives the store dir as a flag; nats-server refuses it twice.
         "store_dir: /data\n": "",
     }
@@ -663,3 +663,40 @@ def test_nats_has_a_budget_that_lets_one_server_go_and_never_blocks_a_drain() ->
     # maxUnavailable, not minAvailable: the single-server base must stay drainable.
     assert budget["spec"]["maxUnavailable"] == 1
     assert "minAvailable" not in budget["spec"]
+
+
+NATS_TARGETS = [*TARGETS, ("overlays/sim", ("components/nats-cluster",))]
+
+
+@needs_kubectl
+@pytest.mark.parametrize(
+    ("target", "components"),
+    NATS_TARGETS,
+    ids=[*TARGET_IDS, "overlays/sim+nats-cluster"],
+)
+def test_the_monitoring_port_listens_on_the_pods_loopback_only(target, components):
+    """/connz, /jsz and the rest list every client, consumer and inbox: nothing outside the
+    NATS pod (another pod, the node, a container escape) may reach them."""
+    objects = render(target, components)
+    config = _one_named(objects, "ConfigMap", "nats-config")["data"]["nats.conf"]
+    monitoring = [line.strip() for line in config.splitlines() if line.strip().startswith("http")]
+    assert monitoring == ['http: "127.0.0.1:8222"']
+    nats_set = _nats(objects)
+    container = _container(nats_set)
+    assert {p["containerPort"] for p in container["ports"]} == {4222} | (
+        {6222} if "components/nats-cluster" in components else set()
+    )
+    for service in _of_kind(objects, "Service"):
+        if service["spec"].get("selector", {}).get("app.kubernetes.io/name") == "nats":
+            assert {p["port"] for p in service["spec"]["ports"]} <= {4222, 6222}
+    for name in ("startupProbe", "readinessProbe", "livenessProbe"):
+        probe = container[name]
+        assert probe.keys().isdisjoint({"httpGet", "tcpSocket", "grpc"}), name
+        command = probe["exec"]["command"]
+        assert command[:4] == ["wget", "-q", "-O", "/dev/null"], name
+        assert command[4].startswith("http://127.0.0.1:8222/healthz"), name
+
+
+def _one_named(objects: Any, kind: str, name: str) -> dict[str, Any]:
+    (found,) = [o for o in _of_kind(objects, kind) if o["metadata"]["name"] == name]
+    return found
