@@ -21,24 +21,16 @@ import dataclasses
 import itertools
 import json
 import re
-import shutil
-import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import structlog
 
-from services.allocation.config import AllocationConfig
-from services.allocation.dra.agent import AllocationAgent
 from services.devcluster.controlplane import RealControlPlane, register_node
 from services.devcluster.controlplane.kubeletshim import KubeletShim
 from services.devcluster.controlplane.nodes import wait_for_service_account
-from services.devcluster.kubelet import KubeletEmulator
-from services.discovery.agent import DiscoveryAgent
-from services.discovery.backends import sim
-from services.discovery.config import DiscoveryConfig
 from services.health.agent import HealthAgent
 from services.health.config import HealthConfig
 from services.health.policy import Taint
@@ -58,10 +50,10 @@ from shared.kube.resources import (
     device_taint_rules,
 )
 from shared.pb.drasuite.v1 import health_pb2
-from shared.supervisor import run_agent
-from tests.integration.discovery.agent_runner import running
 from tests.k8s import audit
 from tests.k8s.apply import Applier
+from tests.k8s.nodestack import node_stack
+from tests.k8s.nodestack import until as _until
 from tests.k8s.tokens import SERVICE_ACCOUNTS, pod_bound_token
 from tests.unit.deploy.manifests import KUBECTL, render
 from tests.unit.deploy.test_rbac_least_privilege import RARE_GRANTS
@@ -92,7 +84,6 @@ GRANULAR = ("resource.k8s.io", "resourceclaims/driver", "associated-node:update"
 NAMESPACES = ResourceType("", "v1", "namespaces", "Namespace", namespaced=False)
 _runs = itertools.count(1)
 _LOGGED_REFUSAL = re.compile(r": 403 |forbidden", re.IGNORECASE)
-T = TypeVar("T")
 Obj = dict[str, Any]
 Call = tuple[str, str, str]
 
@@ -218,55 +209,30 @@ async def _until_enforced(c: Installed) -> None:
 # -- the node flow ---------------------------------------------------------------------------
 
 
-@contextlib.asynccontextmanager
-async def _agent(agent: Any, ready: Callable[[], bool]) -> AsyncIterator[None]:
-    stop = asyncio.Event()
-    task = asyncio.create_task(run_agent(agent, grace_s=5, stop=stop, handle_signals=False))
-    try:
-        await _until(lambda: _now(ready() or task.done()), timeout_s=15)
-        assert not task.done(), "the agent stopped during start"
-        yield
-    finally:
-        stop.set()
-        assert await asyncio.wait_for(task, 15) == 0
-
-
 async def test_the_agents_run_a_node_on_their_own_tokens_and_are_never_refused(
     installed: Installed, nats_settings: NATSSettings, bus: Bus
 ):
     c, node, admin = installed, installed.a, installed.admin
-    base = Path(tempfile.mkdtemp(prefix="dra-k8s-tokens-", dir="/tmp"))
-    discovery = DiscoveryConfig(node_name=node, nats=nats_settings, kube=c.kube["discovery", node])
-    allocation = AllocationConfig(
-        nats=nats_settings, kube=c.kube["allocation", node], node_name=node, driver_name=DRIVER,
-        plugin_registry_dir=base / "registry", plugin_data_dir=base / "plugins" / DRIVER,
-        cdi_root=base / "cdi",
-    )  # fmt: skip
     health = HealthAgent(HealthConfig(
         nats=nats_settings, kube=c.kube["health", node], node_name=node, driver_name=DRIVER,
         sim_profile="gpu", poll_interval_s=0.1, recovery_hold_s=0.0, flap_window_s=0.0,
         health_refresh_s=0.5,
     ))  # fmt: skip
     assert (health.config.taint_target, health.config.taint_effect) == ("rule", "NoSchedule")
-    alloc_agent = AllocationAgent(allocation)
-    kubelet = KubeletEmulator(allocation.plugin_registry_dir)
     try:
         await admin.create(DEVICE_CLASSES, {
             "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": CLASS},
             "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
         })  # fmt: skip
         with structlog.testing.capture_logs() as logged:
-            async with (
-                running(DiscoveryAgent(discovery, backend=sim.SimBackend.from_profile("gpu"))),
-                _agent(alloc_agent, alloc_agent.ready.is_set),
-                _agent(health, lambda: health.ready.is_set() and health.bus.connected.is_set()),
-            ):
-                await kubelet.register(driver=DRIVER, timeout_s=15)
-                async with KubeletShim(admin, kubelet, node=node, driver=DRIVER) as shim:
-                    await _flow(c, bus, shim, health)
+            async with node_stack(
+                admin, nats_settings, c.plane.kube_settings(), node=node, driver=DRIVER,
+                tokens={agent: c.kube[agent, node] for agent in ("discovery", "allocation")},
+                extra=[(health, lambda: health.ready.is_set() and health.bus.connected.is_set())],
+                register=False, forget=False, prefix="dra-k8s-tokens-",
+            ) as stack:  # fmt: skip
+                await _flow(c, bus, stack.shim, health)
     finally:
-        await kubelet.close()
-        shutil.rmtree(base, ignore_errors=True)
         with contextlib.suppress(KubeNotFoundError):
             await admin.delete(DEVICE_CLASSES, CLASS)
     # The agents' own logs (captured in-process) say each write was made, and none refused.
@@ -677,16 +643,3 @@ async def _conditions(admin: KubeClient, namespace: str, claim: str, want: dict[
 
 async def _none(check: Awaitable[list[Obj]]) -> bool:
     return not await check
-
-
-async def _now(value: T) -> T:
-    return value
-
-
-async def _until(check: Callable[[], Awaitable[T | None]], *, timeout_s: float = 30.0) -> T:
-    async with asyncio.timeout(timeout_s):
-        while True:
-            result = await check()
-            if result:
-                return result
-            await asyncio.sleep(0.2)

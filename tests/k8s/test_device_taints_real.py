@@ -10,23 +10,14 @@ import contextlib
 import dataclasses
 import itertools
 import json
-import shutil
-import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
-from services.allocation.config import AllocationConfig
-from services.allocation.dra.agent import AllocationAgent
-from services.devcluster.controlplane import RealControlPlane, register_node
+from services.devcluster.controlplane import RealControlPlane
 from services.devcluster.controlplane.kubeletshim import KubeletShim
 from services.devcluster.controlplane.nodes import wait_for_service_account
-from services.devcluster.kubelet import KubeletEmulator
-from services.discovery.agent import DiscoveryAgent
-from services.discovery.backends import sim
-from services.discovery.config import DiscoveryConfig
 from services.health.agent import HealthAgent
 from services.health.config import HealthConfig
 from services.health.rule_objects import rule_selector
@@ -45,8 +36,8 @@ from shared.kube.resources import (
     device_taint_rules,
 )
 from shared.pb.drasuite.v1 import health_pb2
-from shared.supervisor import run_agent
-from tests.integration.discovery.agent_runner import running
+from tests.k8s.nodestack import node_stack
+from tests.k8s.nodestack import until as _until
 
 pytestmark = pytest.mark.k8s
 
@@ -60,7 +51,6 @@ RULE_VERSION = {34: "v1alpha3", 35: "v1alpha3", 36: "v1beta2", 37: "v1"}
 """The DeviceTaintRule version each minor serves (with the release table's gates)."""
 TARGETS = pytest.mark.parametrize("target", ["rule", "slice"])
 _runs = itertools.count(1)
-T = TypeVar("T")
 Obj = dict[str, Any]
 
 
@@ -76,75 +66,46 @@ class Node:
 
 
 @contextlib.asynccontextmanager
-async def _agent(agent: Any, ready: Callable[[], bool]) -> AsyncIterator[None]:
-    stop = asyncio.Event()
-    task = asyncio.create_task(run_agent(agent, grace_s=5, stop=stop, handle_signals=False))
-    try:
-        await _until(lambda: _now(ready() or task.done()), timeout_s=15)
-        assert not task.done(), "the agent stopped during start"
-        yield
-    finally:
-        stop.set()
-        assert await asyncio.wait_for(task, 15) == 0
-
-
-@contextlib.asynccontextmanager
 async def _node(
     control_plane: RealControlPlane, nats: NATSSettings, bus: Bus, *, target: str, effect: str
 ) -> AsyncIterator[Node]:
     run = next(_runs)
     name, namespace = f"taint-node-{run}", f"taints-{run}"
-    base = Path(tempfile.mkdtemp(prefix="dra-k8s-taints-", dir="/tmp"))
     admin = await KubeClient.connect(control_plane.kube_settings())
     kube = control_plane.kube_settings()
-    await register_node(admin, name)
-    await admin.create(NAMESPACES, {"metadata": {"name": namespace}})
-    await wait_for_service_account(admin, namespace)
-    with contextlib.suppress(KubeAlreadyExistsError):  # an earlier test of this session made it
-        await admin.create(DEVICE_CLASSES, {
-            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-            "metadata": {"name": CLASS},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
-        })  # fmt: skip
-    discovery = DiscoveryConfig(
-        node_name=name, nats=nats, kube=kube, publish_device_taints=target == "slice"
-    )
-    allocation = AllocationConfig(
-        nats=nats, kube=kube, node_name=name, driver_name=DRIVER,
-        plugin_registry_dir=base / "registry", plugin_data_dir=base / "plugins" / DRIVER,
-        cdi_root=base / "cdi",
-    )  # fmt: skip
-    health = HealthAgent(HealthConfig(
-        nats=nats, kube=kube, node_name=name, driver_name=DRIVER, sim_profile="gpu",
-        poll_interval_s=0.1, recovery_hold_s=0.0, flap_window_s=0.0, health_refresh_s=0.5,
-        taint_effect=effect, taint_target=target,
-    ))  # fmt: skip
-    alloc_agent = AllocationAgent(allocation)
-    kubelet = KubeletEmulator(allocation.plugin_registry_dir)
     try:
-        async with (
-            running(DiscoveryAgent(discovery, backend=sim.SimBackend.from_profile("gpu"))),
-            _agent(alloc_agent, alloc_agent.ready.is_set),
-            _agent(health, lambda: health.ready.is_set() and health.bus.connected.is_set()),
-        ):
-            await kubelet.register(driver=DRIVER, timeout_s=15)
-            async with KubeletShim(admin, kubelet, node=name, driver=DRIVER) as shim:
+        await admin.create(NAMESPACES, {"metadata": {"name": namespace}})
+        await wait_for_service_account(admin, namespace)
+        with contextlib.suppress(KubeAlreadyExistsError):  # an earlier test of this session
+            await admin.create(DEVICE_CLASSES, {
+                "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                "metadata": {"name": CLASS},
+                "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+            })  # fmt: skip
+        health = HealthAgent(HealthConfig(
+            nats=nats, kube=kube, node_name=name, driver_name=DRIVER, sim_profile="gpu",
+            poll_interval_s=0.1, recovery_hold_s=0.0, flap_window_s=0.0, health_refresh_s=0.5,
+            taint_effect=effect, taint_target=target,
+        ))  # fmt: skip
+        try:
+            async with node_stack(
+                admin, nats, kube, node=name, driver=DRIVER, prefix="dra-k8s-taints-",
+                discovery_settings={"publish_device_taints": target == "slice"},
+                extra=[(health, lambda: health.ready.is_set() and health.bus.connected.is_set())],
+            ) as stack:  # fmt: skip
                 yield Node(
-                    name, namespace, admin, bus, shim, health, control_plane.release.minor_number
-                )
+                    name, namespace, admin, bus, stack.shim, health,
+                    control_plane.release.minor_number,
+                )  # fmt: skip
+        finally:
+            await _clean_up(admin, name)
     finally:
-        await kubelet.close()
-        await _clean_up(admin, name)
         await admin.close()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 async def _clean_up(admin: KubeClient, node: str) -> None:
-    """The slices and rules the agents leave behind on purpose (they survive a restart)."""
-    slices = await admin.list(RESOURCE_SLICES, field_selector=f"spec.nodeName={node}")
-    for item in slices["items"]:
-        with contextlib.suppress(KubeNotFoundError):
-            await admin.delete(RESOURCE_SLICES, item["metadata"]["name"])
+    """The rules the agents leave behind on purpose (they survive a restart); node_stack
+    removes the node and its slices."""
     rules = device_taint_rules(RULE_VERSION[_minor(await admin.get_path("/version"))])
     listed = await admin.list(rules, label_selector=rule_selector(driver=DRIVER, node=node))
     for item in listed["items"]:
@@ -322,16 +283,3 @@ async def _evicted_by_the_device_taint_manager(n: Node, pod: str) -> bool:
 
 def _minor(version: Obj) -> int:
     return int(str(version["minor"]).rstrip("+"))
-
-
-async def _now(value: T) -> T:
-    return value
-
-
-async def _until(check: Callable[[], Awaitable[T | None]], *, timeout_s: float = 30.0) -> T:
-    async with asyncio.timeout(timeout_s):
-        while True:
-            result = await check()
-            if result:
-                return result
-            await asyncio.sleep(0.2)

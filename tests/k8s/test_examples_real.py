@@ -17,9 +17,7 @@ import asyncio
 import contextlib
 import copy
 import functools
-import shutil
-import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,29 +25,15 @@ import pytest
 import yaml
 
 from services.allocation.cdi import spec_files
-from services.allocation.config import AllocationConfig
-from services.allocation.dra.agent import AllocationAgent
-from services.devcluster.controlplane import RealControlPlane, register_node
+from services.devcluster.controlplane import RealControlPlane
 from services.devcluster.controlplane.kubeletshim import KubeletShim
 from services.devcluster.controlplane.nodes import wait_for_service_account
-from services.devcluster.kubelet import KubeletEmulator
-from services.discovery.agent import DiscoveryAgent
-from services.discovery.backends import sim
-from services.discovery.config import DiscoveryConfig
 from shared.config import NATSSettings
 from shared.errors import DraSuiteError, KubeAlreadyExistsError, KubeNotFoundError
 from shared.kube.client import KubeClient
-from shared.kube.resources import (
-    DEVICE_CLASSES,
-    NODES,
-    PODS,
-    RESOURCE_CLAIMS,
-    RESOURCE_SLICES,
-    ResourceType,
-)
-from shared.supervisor import run_agent
-from tests.integration.discovery.agent_runner import running
+from shared.kube.resources import DEVICE_CLASSES, PODS, RESOURCE_CLAIMS, ResourceType
 from tests.k8s.apply import Applier
+from tests.k8s.nodestack import node_stack
 
 pytestmark = pytest.mark.k8s
 
@@ -88,19 +72,6 @@ def _settings() -> dict[str, Obj]:
 SETTINGS = _settings()
 
 
-@contextlib.asynccontextmanager
-async def _allocation_agent(config: AllocationConfig) -> AsyncIterator[AllocationAgent]:
-    agent = AllocationAgent(config)
-    stop = asyncio.Event()
-    task = asyncio.create_task(run_agent(agent, grace_s=5, stop=stop, handle_signals=False))
-    try:
-        await asyncio.wait_for(agent.ready.wait(), 15)
-        yield agent
-    finally:
-        stop.set()
-        assert await asyncio.wait_for(task, 10) == 0
-
-
 @pytest.mark.parametrize("file", sorted(SETTINGS))
 async def test_example_pods_are_scheduled_allocated_prepared_and_released(
     file: str, control_plane: RealControlPlane, nats_settings: NATSSettings
@@ -111,23 +82,10 @@ async def test_example_pods_are_scheduled_allocated_prepared_and_released(
     driver: str = settings["driver"]
     slug = Path(file).stem
     node, namespace = f"ex-{slug}"[:63], f"ex-{slug}"[:63]
-    base = Path(tempfile.mkdtemp(prefix="dra-k8s-example-", dir="/tmp"))
     admin = await KubeClient.connect(control_plane.kube_settings())
     applier = Applier(admin)
     own_classes: list[str] = []
-    kube = control_plane.kube_settings()
-    discovery = DiscoveryConfig(
-        node_name=node, nats=nats_settings, kube=kube, driver_name=driver,
-        sim_profile=settings["profile"],
-    )  # fmt: skip
-    allocation = AllocationConfig(
-        nats=nats_settings, kube=kube, node_name=node, driver_name=driver,
-        plugin_registry_dir=base / "registry", plugin_data_dir=base / "plugins" / driver,
-        cdi_root=base / "cdi",
-    )  # fmt: skip
-    kubelet = KubeletEmulator(allocation.plugin_registry_dir)
     try:
-        await register_node(admin, node)
         with contextlib.suppress(KubeAlreadyExistsError):
             await admin.create(NAMESPACES, {"metadata": {"name": namespace}})
         await wait_for_service_account(admin, namespace)
@@ -141,33 +99,25 @@ async def test_example_pods_are_scheduled_allocated_prepared_and_released(
             with contextlib.suppress(KubeAlreadyExistsError):  # another test's, kept
                 await admin.create(DEVICE_CLASSES, cls)
                 own_classes.append(cls["metadata"]["name"])
-        async with (
-            running(
-                DiscoveryAgent(discovery, backend=sim.SimBackend.from_profile(settings["profile"]))
-            ),
-            _allocation_agent(allocation),
-        ):
-            await kubelet.register(driver=driver, timeout_s=15)
-            await _until(lambda: _slices_published(admin, node, driver))
-            async with KubeletShim(admin, kubelet, node=node, driver=driver) as shim:
-                pods = await _apply(applier, file, namespace, node)
-                if file in UNSCHEDULABLE:
-                    for name in pods:
-                        await _assert_stays_unschedulable(admin, namespace, name)
-                    return
-                await _assert_prepared_then_released(
-                    admin, shim, pods, namespace, node, driver, allocation.cdi_root
-                )
+        async with node_stack(
+            admin, nats_settings, control_plane.kube_settings(), node=node, driver=driver,
+            profile=settings["profile"], prefix="dra-k8s-example-",
+        ) as stack:  # fmt: skip
+            pods = await _apply(applier, file, namespace, node)
+            if file in UNSCHEDULABLE:
+                for name in pods:
+                    await _assert_stays_unschedulable(admin, namespace, name)
+                return
+            await _assert_prepared_then_released(
+                admin, stack.shim, pods, namespace, node, driver, stack.cdi_root
+            )
     finally:
-        await kubelet.close()
         with contextlib.suppress(DraSuiteError):
             await applier.delete_all()
             for name in own_classes:
                 with contextlib.suppress(KubeNotFoundError):
                     await admin.delete(DEVICE_CLASSES, name)
-        await _forget_node(admin, node)
         await admin.close()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 async def _apply(applier: Applier, file: str, namespace: str, node: str) -> list[str]:
@@ -254,12 +204,6 @@ async def _assert_stays_unschedulable(admin: KubeClient, namespace: str, name: s
             assert not (claim.get("status") or {}).get("allocation")
 
 
-async def _slices_published(admin: KubeClient, node: str, driver: str) -> bool:
-    listed = await admin.list(RESOURCE_SLICES, field_selector=f"spec.nodeName={node}")
-    ours = [s for s in listed["items"] if s["spec"]["driver"] == driver]
-    return bool(ours) and len(ours) == ours[0]["spec"]["pool"]["resourceSliceCount"]
-
-
 async def _running(admin: KubeClient, namespace: str, name: str) -> Obj | None:
     pod = await admin.get(PODS, name, namespace=namespace)
     return pod if (pod.get("status") or {}).get("phase") == "Running" else None
@@ -272,15 +216,6 @@ async def _gone(admin: KubeClient, namespace: str, name: str) -> bool:
 
 async def _unprepared(shim: KubeletShim, uids: set[str]) -> bool:
     return uids <= {c.uid for c in shim.unprepared}
-
-
-async def _forget_node(admin: KubeClient, node: str) -> None:
-    """Remove the node and its slices (best effort: a failure here must not hide the test's)."""
-    with contextlib.suppress(DraSuiteError):
-        slices = await admin.list(RESOURCE_SLICES, field_selector=f"spec.nodeName={node}")
-        for item in slices["items"]:
-            await admin.delete(RESOURCE_SLICES, item["metadata"]["name"])
-        await admin.delete(NODES, node)
 
 
 async def _until(check: Callable[[], Awaitable[Any]], *, timeout_s: float = 15.0) -> Any:

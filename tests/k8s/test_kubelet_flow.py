@@ -5,32 +5,19 @@ through the kubelet emulator's gRPC calls to the allocation agent."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
 import json
-import shutil
-import tempfile
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from services.allocation.cdi import spec_files
-from services.allocation.config import AllocationConfig
-from services.allocation.dra.agent import AllocationAgent
-from services.devcluster.controlplane import RealControlPlane, register_node
-from services.devcluster.controlplane.kubeletshim import KubeletShim
+from services.devcluster.controlplane import RealControlPlane
 from services.devcluster.controlplane.nodes import wait_for_service_account
-from services.devcluster.kubelet import KubeletEmulator
-from services.discovery.agent import DiscoveryAgent
-from services.discovery.backends import sim
-from services.discovery.config import DiscoveryConfig
 from shared.config import NATSSettings
 from shared.kube.client import KubeClient
 from shared.kube.resources import DEVICE_CLASSES, PODS, RESOURCE_CLAIMS, ResourceType
-from shared.supervisor import run_agent
-from tests.integration.discovery.agent_runner import running
+from tests.k8s.nodestack import NodeStack, node_stack
 
 pytestmark = pytest.mark.k8s
 
@@ -40,61 +27,28 @@ NAMESPACE = "flow"
 NAMESPACES = ResourceType("", "v1", "namespaces", "Namespace", namespaced=False)
 
 
-@dataclasses.dataclass
-class Node:
-    admin: KubeClient
-    shim: KubeletShim
-    cdi_root: Path
-
-
-@contextlib.asynccontextmanager
-async def allocation_agent(config: AllocationConfig) -> AsyncIterator[AllocationAgent]:
-    agent = AllocationAgent(config)
-    stop = asyncio.Event()
-    task = asyncio.create_task(run_agent(agent, grace_s=5, stop=stop, handle_signals=False))
-    try:
-        await asyncio.wait_for(agent.ready.wait(), 15)
-        yield agent
-    finally:
-        stop.set()
-        assert await asyncio.wait_for(task, 10) == 0
-
-
 @pytest.fixture
-async def node(control_plane: RealControlPlane, nats_settings: NATSSettings) -> AsyncIterator[Node]:
-    base = Path(tempfile.mkdtemp(prefix="dra-k8s-node-", dir="/tmp"))
+async def node(
+    control_plane: RealControlPlane, nats_settings: NATSSettings
+) -> AsyncIterator[NodeStack]:
     admin = await KubeClient.connect(control_plane.kube_settings())
-    await register_node(admin, NODE)
-    await admin.create(NAMESPACES, {"metadata": {"name": NAMESPACE}})
-    await wait_for_service_account(admin, NAMESPACE)
-    await admin.create(DEVICE_CLASSES, {
-        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-        "metadata": {"name": f"flow.{DRIVER}"},
-        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
-    })  # fmt: skip
-    kube = control_plane.kube_settings()
-    discovery = DiscoveryConfig(node_name=NODE, nats=nats_settings, kube=kube)
-    allocation = AllocationConfig(
-        nats=nats_settings, kube=kube, node_name=NODE, driver_name=DRIVER,
-        plugin_registry_dir=base / "registry", plugin_data_dir=base / "plugins" / DRIVER,
-        cdi_root=base / "cdi",
-    )  # fmt: skip
-    kubelet = KubeletEmulator(allocation.plugin_registry_dir)
     try:
-        async with (
-            running(DiscoveryAgent(discovery, backend=sim.SimBackend.from_profile("gpu"))),
-            allocation_agent(allocation),
-        ):
-            await kubelet.register(driver=DRIVER, timeout_s=15)
-            async with KubeletShim(admin, kubelet, node=NODE, driver=DRIVER) as shim:
-                yield Node(admin, shim, allocation.cdi_root)
+        await admin.create(NAMESPACES, {"metadata": {"name": NAMESPACE}})
+        await wait_for_service_account(admin, NAMESPACE)
+        await admin.create(DEVICE_CLASSES, {
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+            "metadata": {"name": f"flow.{DRIVER}"},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+        })  # fmt: skip
+        async with node_stack(
+            admin, nats_settings, control_plane.kube_settings(), node=NODE, driver=DRIVER
+        ) as stack:
+            yield stack
     finally:
-        await kubelet.close()
         await admin.close()
-        shutil.rmtree(base, ignore_errors=True)
 
 
-async def test_a_scheduled_pod_is_prepared_and_released_by_the_node(node: Node):
+async def test_a_scheduled_pod_is_prepared_and_released_by_the_node(node: NodeStack):
     admin = node.admin
     await admin.create(RESOURCE_CLAIMS, {
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",

@@ -17,8 +17,6 @@ import contextlib
 import dataclasses
 import functools
 import os
-import shutil
-import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -26,29 +24,14 @@ from typing import Any
 import pytest
 
 from services.allocation.cdi import spec_files
-from services.allocation.config import AllocationConfig
-from services.allocation.dra.agent import AllocationAgent
-from services.devcluster.controlplane import RealControlPlane, register_node
+from services.devcluster.controlplane import RealControlPlane
 from services.devcluster.controlplane.kubeletshim import KubeletShim
 from services.devcluster.controlplane.nodes import wait_for_service_account
-from services.devcluster.kubelet import KubeletEmulator
-from services.discovery.agent import DiscoveryAgent
-from services.discovery.backends import sim
-from services.discovery.config import DiscoveryConfig
 from shared.config import NATSSettings
-from shared.errors import DraSuiteError
 from shared.kube.client import KubeClient
-from shared.kube.resources import (
-    DEVICE_CLASSES,
-    NODES,
-    PODS,
-    RESOURCE_CLAIMS,
-    RESOURCE_SLICES,
-    ResourceType,
-)
-from shared.supervisor import run_agent
+from shared.kube.resources import DEVICE_CLASSES, PODS, RESOURCE_CLAIMS, ResourceType
 from tests import runtime_podman
-from tests.integration.discovery.agent_runner import running
+from tests.k8s.nodestack import NodeStack, node_stack
 from tests.runtime_podman import Podman
 
 pytestmark = pytest.mark.k8s
@@ -66,11 +49,21 @@ TEMPLATES = ResourceType(
 
 @dataclasses.dataclass
 class Node:
-    admin: KubeClient
-    shim: KubeletShim
-    cdi_root: Path
+    stack: NodeStack
     metadata: bool
     """Whether the agent writes device metadata (`auto`: the API server is 1.36 or newer)."""
+
+    @property
+    def admin(self) -> KubeClient:
+        return self.stack.admin
+
+    @property
+    def shim(self) -> KubeletShim:
+        return self.stack.shim
+
+    @property
+    def cdi_root(self) -> Path:
+        return self.stack.cdi_root
 
 
 @pytest.fixture(scope="session")
@@ -78,62 +71,34 @@ def podman(tmp_path_factory: pytest.TempPathFactory) -> Podman:
     return runtime_podman.podman_runtime(tmp_path_factory)
 
 
-@contextlib.asynccontextmanager
-async def allocation_agent(config: AllocationConfig) -> AsyncIterator[AllocationAgent]:
-    agent = AllocationAgent(config)
-    stop = asyncio.Event()
-    task = asyncio.create_task(run_agent(agent, grace_s=5, stop=stop, handle_signals=False))
-    try:
-        await asyncio.wait_for(agent.ready.wait(), 15)
-        yield agent
-    finally:
-        stop.set()
-        assert await asyncio.wait_for(task, 10) == 0
-
-
 @pytest.fixture
 async def node(
     control_plane: RealControlPlane, nats_settings: NATSSettings, podman: Podman
 ) -> AsyncIterator[Node]:
-    base = Path(tempfile.mkdtemp(prefix="dra-k8s-podman-", dir="/tmp"))
     admin = await KubeClient.connect(control_plane.kube_settings())
-    await register_node(admin, NODE)
-    await admin.create(NAMESPACES, {"metadata": {"name": NAMESPACE}})
-    await wait_for_service_account(admin, NAMESPACE)
-    await admin.create(DEVICE_CLASSES, {
-        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-        "metadata": {"name": CLASS},
-        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
-    })  # fmt: skip
-    await admin.create(TEMPLATES, {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-        "metadata": {"name": "one-gpu"},
-        "spec": {"spec": {"devices": {"requests": [
-            {"name": "gpus", "exactly": {"deviceClassName": CLASS}},
-        ]}}},
-    }, namespace=NAMESPACE)  # fmt: skip
-    kube = control_plane.kube_settings()
-    discovery = DiscoveryConfig(node_name=NODE, nats=nats_settings, kube=kube)
-    allocation = AllocationConfig(
-        nats=nats_settings, kube=kube, node_name=NODE, driver_name=DRIVER,
-        plugin_registry_dir=base / "registry", plugin_data_dir=base / "plugins" / DRIVER,
-        cdi_root=base / "cdi",
-    )  # fmt: skip
-    kubelet = KubeletEmulator(allocation.plugin_registry_dir)
-    metadata = control_plane.release.minor_number >= 36
     try:
-        async with (
-            running(DiscoveryAgent(discovery, backend=sim.SimBackend.from_profile("gpu"))),
-            allocation_agent(allocation),
-        ):
-            await kubelet.register(driver=DRIVER, timeout_s=15)
-            async with KubeletShim(admin, kubelet, node=NODE, driver=DRIVER) as shim:
-                yield Node(admin, shim, allocation.cdi_root, metadata)
+        await admin.create(NAMESPACES, {"metadata": {"name": NAMESPACE}})
+        await wait_for_service_account(admin, NAMESPACE)
+        await admin.create(DEVICE_CLASSES, {
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+            "metadata": {"name": CLASS},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+        })  # fmt: skip
+        await admin.create(TEMPLATES, {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "one-gpu"},
+            "spec": {"spec": {"devices": {"requests": [
+                {"name": "gpus", "exactly": {"deviceClassName": CLASS}},
+            ]}}},
+        }, namespace=NAMESPACE)  # fmt: skip
+        metadata = control_plane.release.minor_number >= 36
+        async with node_stack(
+            admin, nats_settings, control_plane.kube_settings(), node=NODE, driver=DRIVER,
+            prefix="dra-k8s-podman-",
+        ) as stack:  # fmt: skip
+            yield Node(stack, metadata)
     finally:
-        await kubelet.close()
-        await _forget_node(admin)
         await admin.close()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 async def test_podman_runs_the_scheduled_pods_with_their_claims_devices(node: Node, podman: Podman):
@@ -204,16 +169,6 @@ async def test_podman_runs_the_scheduled_pods_with_their_claims_devices(node: No
             await _until(functools.partial(_gone, admin, pod_name))
         for device_id in device_ids:
             await podman.assert_unresolvable([device_id])
-
-
-async def _forget_node(admin: KubeClient) -> None:
-    """Remove the node and its slices, so that no later test's pod is placed on a node whose
-    agents are gone (best effort: a failure here must not hide the test's own)."""
-    with contextlib.suppress(DraSuiteError):
-        slices = await admin.list(RESOURCE_SLICES, field_selector=f"spec.nodeName={NODE}")
-        for item in slices["items"]:
-            await admin.delete(RESOURCE_SLICES, item["metadata"]["name"])
-        await admin.delete(NODES, NODE)
 
 
 def _pod(name: str, claim: dict[str, str]) -> dict[str, Any]:

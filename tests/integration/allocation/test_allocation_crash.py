@@ -10,8 +10,6 @@ a checkpoint that a fresh agent reads back as PrepareCompleted.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -19,7 +17,8 @@ from services.allocation.cdi import spec_files
 from services.allocation.config import CRASH_STEPS
 from services.allocation.dra.checkpoint import ClaimState
 from services.devcluster.kubelet import KubeletClaim, KubeletEmulator, KubeletError
-from services.devcluster.processes import ChildProcess
+from tests.integration.allocation.crash_harness import assert_crashed as _assert_crashed
+from tests.integration.allocation.crash_harness import running as _running
 
 pytestmark = pytest.mark.integration
 
@@ -40,33 +39,6 @@ PARTITION_CONFIG = {
     "kind": "DeviceConfig",
     "partition": {"profile": "vir05_1c_8g"},
 }
-
-
-@contextlib.asynccontextmanager
-async def _running(
-    plugin_node, process: ChildProcess
-) -> AsyncIterator[tuple[ChildProcess, KubeletEmulator]]:
-    """Start `process`, wait for its saved inventory and registration; stop it afterwards."""
-    await process.start()
-    kubelet = KubeletEmulator(plugin_node.config.plugin_registry_dir)
-    try:
-        await plugin_node.eventually(plugin_node.config.inventory_path.exists, timeout_s=20)
-        await kubelet.register(driver=DRIVER, timeout_s=20)
-        yield process, kubelet
-    finally:
-        await kubelet.close()
-        await process.stop()
-
-
-async def _assert_crashed(plugin_node, process: ChildProcess, step: str) -> None:
-    """The process died by the seam at `step`: exit 137 (255 when asyncio's child watcher lost
-    the race to reap it and could not read the status; the log line still proves the step)."""
-    code = await process.stop()
-    assert code in (137, 255), plugin_node.log()
-    assert any(
-        "crash_injected" in line and f"step={step}" in line
-        for line in plugin_node.log().splitlines()
-    ), plugin_node.log()
 
 
 def _expected_ids(claim: KubeletClaim, devices: list[str]) -> list[list[str]]:

@@ -7,18 +7,15 @@ The inventory is what the discovery agent publishes for the sim `gpu-mig` profil
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator
-
 import pytest
 
 from services.allocation.cdi import spec_files
 from services.allocation.dra.checkpoint import ClaimState
 from services.devcluster.kubelet import KubeletClaim, KubeletEmulator, KubeletError
-from services.devcluster.processes import ChildProcess
 from services.discovery.backends import sim
 from shared.bus import codec
 from shared.pb.drasuite.v1 import inventory_pb2
+from tests.integration.allocation.crash_harness import running as _running
 
 pytestmark = pytest.mark.integration
 
@@ -41,21 +38,6 @@ async def _publish_gpu_mig(plugin_node) -> None:
     bus = plugin_node.bus
     key = bus.names.inventory_key(DRIVER, NODE)
     await bus.kv_put(bus.names.inventory_bucket, key, codec.encode(inventory))
-
-
-@contextlib.asynccontextmanager
-async def _running(
-    plugin_node, process: ChildProcess
-) -> AsyncIterator[tuple[ChildProcess, KubeletEmulator]]:
-    await process.start()
-    kubelet = KubeletEmulator(plugin_node.config.plugin_registry_dir)
-    try:
-        await plugin_node.eventually(plugin_node.config.inventory_path.exists, timeout_s=20)
-        await kubelet.register(driver=DRIVER, timeout_s=20)
-        yield process, kubelet
-    finally:
-        await kubelet.close()
-        await process.stop()
 
 
 async def _prepared(kubelet: KubeletEmulator, claim: KubeletClaim) -> list[list[str]]:

@@ -11,9 +11,7 @@ undone by the unprepare) or undone by the unprepare of a claim that went away.
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +25,8 @@ from shared.bus import codec
 from shared.pb.drasuite.v1 import inventory_pb2
 from shared.vfio import pci
 from tests.fakes import sysfs_pci
+from tests.integration.allocation.crash_harness import assert_crashed as _assert_crashed
+from tests.integration.allocation.crash_harness import running as _running
 
 pytestmark = pytest.mark.integration
 
@@ -140,32 +140,11 @@ async def test_without_a_sim_tree_a_vm_claim_fails_and_nothing_is_written(plugin
         assert node.checkpoint_files() == []
 
 
-@contextlib.asynccontextmanager
-async def _running(
-    plugin_node: Any, process: ChildProcess
-) -> AsyncIterator[tuple[ChildProcess, KubeletEmulator]]:
-    await process.start()
-    kubelet = KubeletEmulator(plugin_node.config.plugin_registry_dir)
-    try:
-        await plugin_node.eventually(plugin_node.config.inventory_path.exists, timeout_s=20)
-        await kubelet.register(driver=DRIVER, timeout_s=20)
-        yield process, kubelet
-    finally:
-        await kubelet.close()
-        await process.stop()
-
-
 def _agent(plugin_node: Any, root: Path, crash_at: str = "") -> ChildProcess:
     process: ChildProcess = plugin_node.process(
         crash_at=crash_at, extra_args=["--sysfs-root", str(root)]
     )
     return process
-
-
-async def _crash(plugin_node: Any, process: ChildProcess, step: str) -> None:
-    code = await process.stop()
-    assert code in (137, 255), plugin_node.log()
-    assert f"step={step}" in plugin_node.log(), plugin_node.log()
 
 
 BIND_STEPS = ["vfio-recorded", "vfio-override-set", "vfio-unbound", "vfio-bound"]
@@ -179,7 +158,7 @@ async def test_a_crash_at_each_binding_step_is_finished_by_the_retry(plugin_node
     async with _running(plugin_node, _agent(plugin_node, root, step)) as (process, kubelet):
         with pytest.raises(KubeletError, match="NodePrepareResources"):
             await kubelet.prepare([claim])
-        await _crash(plugin_node, process, step)
+        await _assert_crashed(plugin_node, process, step)
     # Died after the record and the ledger: both name the GPU before any write.
     assert plugin_node.stored().get(claim.uid).state is ClaimState.PREPARE_STARTED
     assert plugin_node.config.vfio_ledger_path.exists()
@@ -200,7 +179,7 @@ async def test_a_crash_after_binding_is_undone_when_the_claim_went_away(plugin_n
     async with _running(plugin_node, crash) as (process, kubelet):
         with pytest.raises(KubeletError, match="NodePrepareResources"):
             await kubelet.prepare([claim])
-        await _crash(plugin_node, process, "vfio-bound")
+        await _assert_crashed(plugin_node, process, "vfio-bound")
     assert _state(root) == ON_VFIO
     plugin_node.api.delete_object("resourceclaims", claim.name, "default")
     async with _running(plugin_node, _agent(plugin_node, root)) as (_, kubelet):
@@ -219,7 +198,7 @@ async def test_a_crash_during_the_release_is_finished_by_the_retry(plugin_node):
         assert await _prepared(kubelet, claim) == _expected_ids(claim)
         with pytest.raises(KubeletError, match="NodeUnprepareResources"):
             await kubelet.unprepare([claim])
-        await _crash(plugin_node, process, step)
+        await _assert_crashed(plugin_node, process, step)
     assert _state(root)[0] == (None, None)  # unbound from vfio-pci, not yet back on nvidia
     async with _running(plugin_node, _agent(plugin_node, root)) as (_, kubelet):
         assert (await kubelet.unprepare([claim])).claims[claim.uid].error == ""

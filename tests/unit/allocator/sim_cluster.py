@@ -7,7 +7,8 @@ from typing import Any
 
 import yaml
 
-from services.discovery import inventory, slices
+from services.discovery import apirules, inventory, slices
+from services.discovery.backends import Scan
 from services.discovery.backends.sim import SimBackend
 from tests.unit.deploy.manifests import KUSTOMIZE
 
@@ -17,9 +18,20 @@ Obj = dict[str, Any]
 
 async def node_slices(node: str, *, profile: str = "mixed", driver: str = DRIVER) -> list[Obj]:
     """The node's slices (pool = node name), valid for the API emulator."""
-    scan = await SimBackend.from_profile(profile).scan()
-    identity = inventory.Identity(driver=driver, node=node, pool=node, backend="sim")
-    pool = slices.desired(inventory.build(scan, identity=identity, scanned_unix_ms=0))
+    return scan_slices(await SimBackend.from_profile(profile).scan(), node=node, driver=driver)
+
+
+def scan_slices(
+    scan: Scan,
+    *,
+    node: str,
+    driver: str = DRIVER,
+    backend: str = "sim",
+    rules: apirules.PublishRules = slices.NEWEST_RULES,
+) -> list[Obj]:
+    """The slices the discovery agent publishes for `scan` (pool = node name) under `rules`."""
+    identity = inventory.Identity(driver=driver, node=node, pool=node, backend=backend)
+    pool = slices.desired(inventory.build(scan, identity=identity, scanned_unix_ms=0), rules=rules)
     assert not pool.rejected
     count = len(pool.contents)
     return [

@@ -20,11 +20,12 @@ from services.allocator.device import Device
 from services.allocator.pool import Inventory
 from services.devcluster.apiserver import claim_rules, naming
 from services.devcluster.apiserver.schema import schema_set
-from services.discovery import apirules, inventory, slices
+from services.discovery import apirules
 from services.discovery.backends import Scan
 from services.discovery.backends.sim import SimBackend
 from services.dractl import classgen
 from shared.pb.drasuite.v1 import inventory_pb2
+from tests.unit.allocator.sim_cluster import scan_slices
 from tests.unit.deploy.manifests import (
     admission_policy,
     admission_request,
@@ -50,26 +51,9 @@ EXTENDED_RESOURCE = re.compile(
 )
 
 
-def _slices(scan: Any, *, driver: str, node: str, backend: str, minor: int) -> list[Obj]:
-    identity = inventory.Identity(driver=driver, node=node, pool=node, backend=backend)
-    built = inventory.build(scan, identity=identity, scanned_unix_ms=0)
-    pool = slices.desired(built, rules=apirules.for_minor(minor))
-    assert not pool.rejected
-    count = len(pool.contents)
-    return [
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceSlice",
-            "metadata": {"name": f"{i:05x}-{driver}-{node}"},
-            "spec": {
-                "driver": driver,
-                "nodeName": node,
-                "pool": {"name": node, "generation": 1, "resourceSliceCount": count},
-                **content,
-            },
-        }
-        for i, content in enumerate(pool.contents)
-    ]
+def _slices(scan: Scan, *, driver: str, node: str, backend: str, minor: int) -> list[Obj]:
+    rules = apirules.for_minor(minor)
+    return scan_slices(scan, node=node, driver=driver, backend=backend, rules=rules)
 
 
 def ascend_scan() -> Scan:
