@@ -12,6 +12,10 @@ Until the watch first lists the KV (NATS down at start), it holds the taints the
 already carry (`seed`), so a restarted agent never lifts a taint it cannot yet confirm. A
 record that does not decode, names another device, driver or node, or carries a taint the
 API would refuse is logged; a bad record changes nothing, a bad taint is left out.
+
+Each record change that carries a trace is handled in a span of it (`discovery.health_update`,
+with the device): a child of the writer's span for a change seen live, linked (a new trace)
+for a value replayed after a (re)start, as the allocation agent's watchers do.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any
 
 import structlog
 
+from shared import telemetry
 from shared.bus import codec, kv
 from shared.bus.connection import Bus
 from shared.errors import MalformedMessageError
@@ -41,6 +46,7 @@ __all__ = [
 ]
 
 log = structlog.get_logger(__name__)
+tracer = telemetry.tracer(__name__)
 
 Obj = dict[str, Any]
 Taints = tuple[Obj, ...]
@@ -239,4 +245,12 @@ async def follow(bus: Bus, taints: DeviceTaints) -> None:
     async for change in kv.watch(
         bus, bucket=names.health_bucket, keys=names.health_keys(taints.driver, taints.node)
     ):
-        taints.apply(change, prefix=prefix, epoch=bus.epoch)
+        # The end-of-listing marker carries no trace: no span.
+        with telemetry.continued(
+            tracer,
+            "discovery.health_update",
+            change.trace,
+            linked=change.replayed,
+            attributes={"device": change.key.removeprefix(prefix), "node": taints.node},
+        ):
+            taints.apply(change, prefix=prefix, epoch=bus.epoch)

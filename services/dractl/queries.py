@@ -16,9 +16,11 @@ from typing import Any, TypeVar
 import nats.errors
 import nats.js.errors
 from google.protobuf.message import Message
+from nats.aio.msg import Msg
 from nats.js import api
 from nats.js.kv import KeyValue
 
+from shared import telemetry
 from shared.bus import codec
 from shared.bus.connection import Bus
 from shared.bus.kv import checked as checked_bucket
@@ -41,6 +43,7 @@ __all__ = [
 ]
 
 M = TypeVar("M", bound=Message)
+_tracer = telemetry.tracer(__name__)
 # How many known nodes a "no such node" message names.
 _NAMED_NODES = 10
 _CONTROL_TIMEOUT_S = 5.0
@@ -300,21 +303,43 @@ async def alerts(
                     continue
                 return
             pending -= 1
-            check = bus.check_message(msg)
-            if not check.ok:  # not signed by the node of its subject (signatures on)
-                refused = f"{msg.subject}: {check.reason}"
-                skipped(MalformedMessageError(refused, subject=msg.subject))
-                continue
-            try:
-                alert = codec.decode_json(alert_pb2.Alert, msg.data, subject=msg.subject)
-                if check.writer is not None and token(alert.node) != token(check.writer.node):
-                    raise MalformedMessageError(  # an alert's node is its signer's node
-                        f"{msg.subject}: an alert of node {alert.node[:64]!r} signed by "
-                        f"{check.writer.node[:64]!r}", subject=msg.subject,
-                    )  # fmt: skip
-            except MalformedMessageError as exc:  # one bad message must not end the listing
-                skipped(exc)
-                continue
-            yield alert
+            # A live alert continues the health agent's trace; one of the listing links to it.
+            # The span covers reading the alert only, not what the caller does with it.
+            with telemetry.continued(
+                _tracer,
+                "dractl.alert_read",
+                telemetry.carried(msg.headers),
+                linked=pending >= 0,
+                attributes={"subject": msg.subject},
+            ) as span:
+                alert = _alert(bus, msg, skipped)
+                if span is not None and alert is not None:
+                    span.set_attributes(
+                        {"alert_id": alert.id, "node": alert.node, "device": alert.device}
+                    )
+            if alert is not None:
+                yield alert
     finally:
         await subscription.unsubscribe()
+
+
+def _alert(
+    bus: Bus, msg: Msg, skipped: Callable[[MalformedMessageError], None]
+) -> alert_pb2.Alert | None:
+    """The alert `msg` holds; None (reported to `skipped`) when it holds none."""
+    check = bus.check_message(msg)
+    if not check.ok:  # not signed by the node of its subject (signatures on)
+        refused = f"{msg.subject}: {check.reason}"
+        skipped(MalformedMessageError(refused, subject=msg.subject))
+        return None
+    try:
+        alert = codec.decode_json(alert_pb2.Alert, msg.data, subject=msg.subject)
+        if check.writer is not None and token(alert.node) != token(check.writer.node):
+            raise MalformedMessageError(  # an alert's node is its signer's node
+                f"{msg.subject}: an alert of node {alert.node[:64]!r} signed by "
+                f"{check.writer.node[:64]!r}", subject=msg.subject,
+            )  # fmt: skip
+    except MalformedMessageError as exc:  # one bad message must not end the listing
+        skipped(exc)
+        return None
+    return alert

@@ -7,6 +7,10 @@ cluster-wide ResourceClaim list are needed. The `claim-watcher` task mirrors the
 `PreparedClaims` view; a value that does not decode, or names another driver, node or claim
 than its key, is logged and skipped. After each replay, keys that no longer exist are dropped.
 `changed` is called once the first replay is complete and after every change since.
+
+Each change that carries a trace is handled in a span of it (`health.claim_update`, with the
+claim UID): a child of the writer's span for a change seen live, linked (a new trace) for a
+value replayed after a (re)start, as the allocation agent's watchers do.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from collections.abc import Callable, Iterable
 
 import structlog
 
+from shared import telemetry
 from shared.bus import codec, kv
 from shared.bus.connection import Bus
 from shared.errors import MalformedMessageError
@@ -23,6 +28,7 @@ from shared.pb.drasuite.v1 import claim_pb2
 __all__ = ["PreparedClaims", "claim_watcher"]
 
 log = structlog.get_logger(__name__)
+tracer = telemetry.tracer(__name__)
 
 
 class PreparedClaims:
@@ -84,20 +90,27 @@ async def claim_watcher(
             notify()
             continue
         uid = change.key.removeprefix(prefix)
-        if change.value is None:
-            claims.remove(uid)
+        with telemetry.continued(
+            tracer,
+            "health.claim_update",
+            change.trace,
+            linked=change.replayed,
+            attributes={"claim_uid": uid, "node": node},
+        ):
+            if change.value is None:
+                claims.remove(uid)
+                notify()
+                continue
+            seen.add(uid)
+            try:
+                claim = codec.decode(claim_pb2.PreparedClaim, change.value, subject=change.key)
+            except MalformedMessageError as exc:
+                log.error("prepared_claim_malformed", key=change.key, error=str(exc))
+                continue
+            named = (claim.driver, claim.node, claim.claim_uid)
+            if named != (driver, node, uid):
+                owner = "/".join(repr(name[:64]) for name in named)
+                log.error("prepared_claim_malformed", key=change.key, error=f"claim of {owner}")
+                continue
+            claims.put(uid, claim)
             notify()
-            continue
-        seen.add(uid)
-        try:
-            claim = codec.decode(claim_pb2.PreparedClaim, change.value, subject=change.key)
-        except MalformedMessageError as exc:
-            log.error("prepared_claim_malformed", key=change.key, error=str(exc))
-            continue
-        named = (claim.driver, claim.node, claim.claim_uid)
-        if named != (driver, node, uid):
-            owner = "/".join(repr(name[:64]) for name in named)
-            log.error("prepared_claim_malformed", key=change.key, error=f"claim of {owner}")
-            continue
-        claims.put(uid, claim)
-        notify()
