@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import nkeys  # type: ignore[import-untyped]  # ships no type hints
 
@@ -175,27 +177,19 @@ class AuthServiceConfig:
 
     def issuer(self) -> SigningKey:
         """The issuer account key, read from its file now (a rotated Secret needs a restart)."""
-        seed = auth.read_secret(self.issuer_seed_file, what="issuer seed file")
-        try:
-            return SigningKey.from_seed(seed, nkeys.PREFIX_BYTE_ACCOUNT)
-        except NKeyError as exc:
-            raise ConfigError(
-                f"issuer seed file {self.issuer_seed_file}: not an account seed (SA...): {exc}",
-                field="issuer_seed_file",
-            ) from None
+        return _seed_key(
+            self.issuer_seed_file, field="issuer_seed_file", kind="an account seed (SA...)",
+            load=lambda seed: SigningKey.from_seed(seed, nkeys.PREFIX_BYTE_ACCOUNT),
+        )  # fmt: skip
 
     def certify_key(self) -> SigningKey | None:
         """The key that signs writer certificates, read from its file now; None when unset."""
         if not self.certify_seed_file:
             return None
-        seed = auth.read_secret(self.certify_seed_file, what="certify seed file")
-        try:
-            return SigningKey.from_seed(seed, nkeys.PREFIX_BYTE_OPERATOR)
-        except NKeyError as exc:
-            raise ConfigError(
-                f"certify seed file {self.certify_seed_file}: not an operator seed (SO...): {exc}",
-                field="certify_seed_file",
-            ) from None
+        return _seed_key(
+            self.certify_seed_file, field="certify_seed_file", kind="an operator seed (SO...)",
+            load=lambda seed: SigningKey.from_seed(seed, nkeys.PREFIX_BYTE_OPERATOR),
+        )  # fmt: skip
 
     def sys_nats(self) -> NATSSettings | None:
         """The SYS user's connection: the service's own server and TLS, another user."""
@@ -210,11 +204,20 @@ class AuthServiceConfig:
     def xkey(self) -> XKey | None:
         if not self.xkey_seed_file:
             return None
-        seed = auth.read_secret(self.xkey_seed_file, what="xkey seed file")
-        try:
-            return XKey.from_seed(seed)
-        except NKeyError as exc:
-            raise ConfigError(
-                f"xkey seed file {self.xkey_seed_file}: not a curve seed (SX...): {exc}",
-                field="xkey_seed_file",
-            ) from None
+        return _seed_key(
+            self.xkey_seed_file, field="xkey_seed_file", kind="a curve seed (SX...)",
+            load=XKey.from_seed,
+        )  # fmt: skip
+
+
+_Key = TypeVar("_Key")
+
+
+def _seed_key(path: str, *, field: str, kind: str, load: Callable[[str], _Key]) -> _Key:
+    """The key whose seed `path` holds, read now; ConfigError naming the file otherwise."""
+    what = field.removesuffix("_file").replace("_", " ") + " file"
+    seed = auth.read_secret(path, what=what)
+    try:
+        return load(seed)
+    except NKeyError as exc:
+        raise ConfigError(f"{what} {path}: not {kind}: {exc}", field=field) from None
