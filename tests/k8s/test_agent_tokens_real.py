@@ -35,10 +35,9 @@ from services.health.agent import HealthAgent
 from services.health.config import HealthConfig
 from services.health.policy import Taint
 from services.health.rule_objects import RuleSpec, rule_body, rule_name, rule_selector
-from shared.bus import codec
 from shared.bus.connection import Bus
 from shared.config import KubeSettings, NATSSettings
-from shared.errors import BusUnavailableError, KubeConflictError, KubeError, KubeNotFoundError
+from shared.errors import KubeConflictError, KubeError, KubeNotFoundError
 from shared.kube.client import KubeClient
 from shared.kube.resources import (
     DEVICE_CLASSES,
@@ -49,10 +48,9 @@ from shared.kube.resources import (
     ResourceType,
     device_taint_rules,
 )
-from shared.pb.drasuite.v1 import health_pb2
 from tests.k8s import audit
 from tests.k8s.apply import Applier
-from tests.k8s.nodestack import node_stack
+from tests.k8s.nodestack import inject_fault, node_stack
 from tests.k8s.nodestack import until as _until
 from tests.k8s.tokens import SERVICE_ACCOUNTS, pod_bound_token
 from tests.unit.deploy.manifests import KUBECTL, render
@@ -293,7 +291,7 @@ async def _flow(c: Installed, bus: Bus, shim: KubeletShim, health: HealthAgent) 
 
     # A fault: a DeviceTaintRule for that device, Events on the Node and on the pod, the
     # claim's Healthy condition False; cleared, the rule goes and Healthy is True again.
-    await _fault(bus, node, device)
+    await inject_fault(bus, driver=DRIVER, node=node, device=device)
     rules = await _until(lambda: _rules(c, node))
     (rule,) = rules
     assert rule["spec"]["deviceSelector"] == {"driver": DRIVER, "pool": node, "device": device}
@@ -302,7 +300,7 @@ async def _flow(c: Installed, bus: Bus, shim: KubeletShim, health: HealthAgent) 
     await _until(lambda: _event(admin, "default", node, "DeviceUnhealthy"))
     await _until(lambda: _event(admin, ns, "worker", "DeviceUnhealthy"))
     await _until(lambda: _conditions(admin, ns, "one", {"Ready": "True", "Healthy": "False"}))
-    await _fault(bus, node, device, clear=True)
+    await inject_fault(bus, driver=DRIVER, node=node, device=device, clear=True)
     await _until(lambda: _none(_rules(c, node)))
     await _until(lambda: _event(admin, "default", node, "DeviceRecovered"))
     await _until(lambda: _conditions(admin, ns, "one", {"Ready": "True", "Healthy": "True"}))
@@ -580,26 +578,6 @@ def _pod(node: str, name: str, claim: str) -> Obj:
             "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
         },
     }  # fmt: skip
-
-
-async def _fault(bus: Bus, node: str, device: str, *, clear: bool = False) -> None:
-    """The sim fault `dractl fault inject` sends, once the health agent knows the inventory."""
-    command = health_pb2.FaultCommand(
-        device=device, clear=clear, cause="injected", code="42", message="injected by the test"
-    )
-    subject = bus.names.fault_control(DRIVER, node)
-    for _ in range(100):
-        try:
-            reply = await bus.request(subject, codec.encode(command), timeout_s=3)
-        except BusUnavailableError:
-            await asyncio.sleep(0.1)
-            continue
-        answer = json.loads(reply.data)
-        if "inventory is not known yet" not in str(answer.get("error", "")):
-            assert answer == {"ok": True}, answer
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError("the health agent never took the fault")
 
 
 async def _slices(admin: KubeClient, node: str, *, name: str = "") -> list[Obj]:

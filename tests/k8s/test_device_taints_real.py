@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,10 +20,9 @@ from services.devcluster.controlplane.nodes import wait_for_service_account
 from services.health.agent import HealthAgent
 from services.health.config import HealthConfig
 from services.health.rule_objects import rule_selector
-from shared.bus import codec
 from shared.bus.connection import Bus
 from shared.config import NATSSettings
-from shared.errors import BusUnavailableError, KubeAlreadyExistsError, KubeNotFoundError
+from shared.errors import KubeAlreadyExistsError, KubeNotFoundError
 from shared.kube.client import KubeClient
 from shared.kube.resources import (
     DEVICE_CLASSES,
@@ -35,8 +33,7 @@ from shared.kube.resources import (
     ResourceType,
     device_taint_rules,
 )
-from shared.pb.drasuite.v1 import health_pb2
-from tests.k8s.nodestack import node_stack
+from tests.k8s.nodestack import inject_fault, node_stack
 from tests.k8s.nodestack import until as _until
 
 pytestmark = pytest.mark.k8s
@@ -118,7 +115,7 @@ async def test_a_tainted_device_is_never_allocated_to_a_new_claim(
     control_plane: RealControlPlane, nats_settings: NATSSettings, bus: Bus, target: str
 ):
     async with _node(control_plane, nats_settings, bus, target=target, effect="NoSchedule") as n:
-        await _fault(n, FAULTY)
+        await inject_fault(n.bus, driver=DRIVER, node=n.name, device=FAULTY)
         taint = await _taint_in_force(n, target)
         assert (taint["key"], taint["effect"]) == (TAINT_KEY, "NoSchedule")
         # The scheduler's informers see the taint a moment after the API server has it.
@@ -136,7 +133,7 @@ async def test_a_tainted_device_is_never_allocated_to_a_new_claim(
             assert "allocation" not in (claim.get("status") or {}), pod
 
         # The taint, and nothing else, kept the device away: cleared, it is allocated.
-        await _fault(n, FAULTY, clear=True)
+        await inject_fault(n.bus, driver=DRIVER, node=n.name, device=FAULTY, clear=True)
         await _until(lambda: _phase(n, "exactly-that", "Running"))
         assert await _allocated(n, "exactly-that") == [FAULTY]
         assert (await _unschedulable(n, "all")) is not None
@@ -154,7 +151,7 @@ async def test_a_noexecute_taint_evicts_the_pod_using_the_device(
         victim_claim = await n.admin.get(RESOURCE_CLAIMS, "victim", namespace=n.namespace)
         assert await _allocated(n, "victim") == [FAULTY]
 
-        await _fault(n, FAULTY)
+        await inject_fault(n.bus, driver=DRIVER, node=n.name, device=FAULTY)
         taint = await _taint_in_force(n, target)
         assert (taint["key"], taint["effect"]) == (TAINT_KEY, "NoExecute")
         await _until(lambda: _gone(n, "victim"))
@@ -171,31 +168,11 @@ async def test_a_noschedule_taint_leaves_the_pod_using_the_device_running(
     async with _node(control_plane, nats_settings, bus, target=target, effect="NoSchedule") as n:
         await _claim_pod(n, "resident", selector=f"== {FAULTY_INDEX}")
         await _until(lambda: _phase(n, "resident", "Running"))
-        await _fault(n, FAULTY)
+        await inject_fault(n.bus, driver=DRIVER, node=n.name, device=FAULTY)
         await _taint_in_force(n, target)
         await asyncio.sleep(3)  # the eviction controller acts within a second when it does
         assert await _phase(n, "resident", "Running")
         assert not await _evicted_by_the_device_taint_manager(n, "resident")
-
-
-async def _fault(n: Node, device: str, *, clear: bool = False) -> None:
-    """The sim fault `dractl fault inject` sends, once the health agent knows the inventory."""
-    command = health_pb2.FaultCommand(
-        device=device, clear=clear, cause="injected", code="42", message="injected by the test"
-    )
-    subject = n.bus.names.fault_control(DRIVER, n.name)
-    for _ in range(100):
-        try:
-            reply = await n.bus.request(subject, codec.encode(command), timeout_s=3)
-        except BusUnavailableError:
-            await asyncio.sleep(0.1)
-            continue
-        answer = json.loads(reply.data)
-        if "inventory is not known yet" not in str(answer.get("error", "")):
-            assert answer == {"ok": True}, answer
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError("the health agent never took the fault")
 
 
 async def _taint_in_force(n: Node, target: str) -> Obj:

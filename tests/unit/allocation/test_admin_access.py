@@ -38,14 +38,16 @@ from services.allocation.dra.preparer import ClaimPreparer
 from services.allocation.mps import layout
 from services.allocation.mps.daemons import MpsDaemons
 from services.allocation.partitions.sim import SimPartitionManager
-from services.discovery.backends import sim
 from shared.errors import ClaimError, DeviceNotAllocatableError, InvalidOpaqueConfigError
 from shared.pb.drasuite.v1 import inventory_pb2
 from tests.fakes import mps_control
+from tests.fakes.allocation_sources import FakeInventory
+from tests.unit.allocation.test_mps_daemons import GPU
+from tests.unit.allocation.test_on_demand_partitions import _gpu_mig_inventory
+from tests.unit.allocation.test_preparer_mps import _inventory as _shared_gpu_inventory
 
 DRIVER = "sim.dra-suite.io"
 NODE = "node-a"
-GPU = "GPU-9d11c4e2-e840-51ed-b15f-0be7ae073686"
 ONE_G_AT_3 = "gpu-0-mig-1g10gb-19-3"
 ONE_G_AT_5 = "gpu-0-mig-1g10gb-19-5"
 SPACE_PARTITIONING = {
@@ -62,44 +64,6 @@ ONE_G_PARTITION = {
     "partition": {"profile": "1g.10gb"},
 }
 MPS_ROOT = PurePosixPath(f"/var/lib/kubelet/plugins/{DRIVER}/mps")
-
-
-class FakeInventory:
-    def __init__(self, current: inventory_pb2.Inventory) -> None:
-        self.current = current
-
-
-async def _gpu_mig_inventory() -> inventory_pb2.Inventory:
-    """What the discovery agent publishes for the sim `gpu-mig` profile (options on demand)."""
-    scan = await sim.SimBackend.from_profile("gpu-mig").scan()
-    return inventory_pb2.Inventory(
-        driver=DRIVER,
-        node=NODE,
-        pool=NODE,
-        backend="sim",
-        devices=scan.devices,
-        shared_counters=scan.shared_counters,
-        generation=1,
-    )
-
-
-def _shared_gpu_inventory() -> inventory_pb2.Inventory:
-    """gpu-0 shares its memory between claims (consumable capacity); gpu-1 does not."""
-    gpus = [
-        inventory_pb2.Device(
-            name=f"gpu-{i}",
-            kind="gpu",
-            uuid=uuid_,
-            capacity={"memory": "80Gi"},
-            shared_capacity={"memory": "80Gi"} if i == 0 else {},
-            device_nodes=[inventory_pb2.DeviceNode(path=f"/dev/nvidia{i}", host_path="/dev/null")],
-            env={"NVIDIA_VISIBLE_DEVICES": str(i)},
-        )
-        for i, uuid_ in enumerate([GPU, "GPU-e5dae166-a6b2-51a6-94cc-3b43c98eff7d"])
-    ]
-    return inventory_pb2.Inventory(
-        driver=DRIVER, node=NODE, pool=NODE, backend="sim", devices=gpus, generation=1
-    )
 
 
 def _result(request: str, device: str, *, admin: bool, share: str = "") -> dict[str, Any]:

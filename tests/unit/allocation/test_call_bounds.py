@@ -25,6 +25,7 @@ from services.allocation.dra.preparer import ClaimPreparer
 from shared.errors import ClaimError, KubeNotFoundError, KubeTransientError
 from shared.kube.resources import ResourceType
 from shared.pb.kubelet.dra.v1 import api_pb2 as v1
+from tests.fakes.allocation_sources import FakeInventory
 
 DRIVER = "sim.dra-suite.io"
 NODE = "node-a"
@@ -56,11 +57,6 @@ class ThrottledReader:
     async def get(self, rt: ResourceType, name: str, *, namespace: str | None = None) -> Any:
         self.gets += 1
         raise KubeTransientError(f"get {rt.plural}/{name}: 429", status=429, retry_after_s=120.0)
-
-
-class FakeInventory:
-    def __init__(self, current: Any) -> None:
-        self.current = current
 
 
 def _preparer(tmp_path, kube: Any, make_inventory) -> ClaimPreparer:

@@ -19,14 +19,10 @@ from services.allocation.dra.checkpoint import CheckpointStore, ClaimState
 from services.allocation.dra.claims import ClaimReader, ClaimRef
 from services.allocation.dra.preparer import ClaimPreparer
 from shared.errors import ClaimError
+from tests.fakes.allocation_sources import FakeInventory
 
 DRIVER = "sim.dra-suite.io"
 NODE = "node-a"
-
-
-class FakeInventory:
-    def __init__(self, current: Any) -> None:
-        self.current = current
 
 
 def _preparer(base: Path, kube: Any, inventory: Any) -> tuple[ClaimPreparer, CheckpointStore]:

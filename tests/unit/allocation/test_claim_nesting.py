@@ -25,15 +25,11 @@ from services.devcluster.apiserver import kubeconfig
 from shared.config import KubeSettings
 from shared.errors import ClaimError
 from shared.kube.client import KubeClient
+from tests.fakes.allocation_sources import FakeInventory
 
 DRIVER = "sim.dra-suite.io"
 NODE = "node-a"
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/{name}"
-
-
-class FakeInventory:
-    def __init__(self, current: Any) -> None:
-        self.current = current
 
 
 def _nested_json(levels: int) -> str:

@@ -29,17 +29,13 @@ from services.discovery.backends.sysfs import Sysfs
 from shared.errors import ClaimError, ClaimUIDMismatchError, InvalidOpaqueConfigError
 from shared.pb.drasuite.v1 import inventory_pb2
 from shared.vendors.nvidia.mig import Placement
+from tests.fakes.allocation_sources import FakeInventory
 from tests.fakes.nvml_mig import FakeMigNVML
 
 DRIVER = "sim.dra-suite.io"
 NODE = "node-a"
 ONE_G_AT_3 = "gpu-0-mig-1g10gb-19-3"
 TWO_G_AT_0 = "gpu-0-mig-2g20gb-14-0"
-
-
-class FakeInventory:
-    def __init__(self, current: inventory_pb2.Inventory) -> None:
-        self.current = current
 
 
 @dataclass

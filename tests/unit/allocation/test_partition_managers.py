@@ -25,6 +25,7 @@ from services.allocation.partitions.sim import SimPartitionManager
 from services.allocation.partitions.vnpu import VnpuPartitionManager
 from shared.errors import ClaimError, ConfigError
 from shared.pb.drasuite.v1 import inventory_pb2
+from tests.fakes.allocation_sources import FakeInventory
 from tests.fakes.npusmi_vnpu import FakeVnpuNpuSmi
 from tests.fakes.nvml_mig import FakeMigNVML, cap_minor
 
@@ -32,11 +33,6 @@ DRIVER = "sim.dra-suite.io"
 NODE = "node-a"
 NVIDIA_CONTROL = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 ASCEND_CONTROL = ("/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc")
-
-
-class FakeInventory:
-    def __init__(self, current: inventory_pb2.Inventory | None) -> None:
-        self.current = current
 
 
 def _nvml_inventory(nvml: FakeMigNVML) -> inventory_pb2.Inventory:

@@ -24,7 +24,7 @@ from services.allocation.dra.claims import (
 )
 from services.allocation.dra.preparer import ClaimPreparer
 from shared.errors import ClaimError, DeviceNotAllocatableError, InvalidOpaqueConfigError
-from shared.pb.drasuite.v1 import inventory_pb2
+from tests.fakes.allocation_sources import FakeInventory
 
 DRIVER = "sim.dra-suite.io"
 NODE = "node-a"
@@ -32,13 +32,6 @@ NODE = "node-a"
 
 def new_uid() -> str:
     return str(uuid.uuid4())
-
-
-class FakeInventory:
-    """An InventorySource whose inventory the test sets."""
-
-    def __init__(self, current: inventory_pb2.Inventory | None) -> None:
-        self.current = current
 
 
 @dataclass

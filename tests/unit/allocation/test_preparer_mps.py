@@ -23,15 +23,11 @@ from services.allocation.mps.daemons import MpsDaemons
 from shared.errors import ClaimError
 from shared.pb.drasuite.v1 import inventory_pb2
 from tests.fakes import mps_control
+from tests.fakes.allocation_sources import FakeInventory
 from tests.unit.allocation.test_mps_daemons import GPU, LIMITS, ask
 
 DRIVER = "sim.dra-suite.io"
 NODE = "node-a"
-
-
-class FakeInventory:
-    def __init__(self, current: inventory_pb2.Inventory) -> None:
-        self.current = current
 
 
 def _inventory() -> inventory_pb2.Inventory:

@@ -23,15 +23,11 @@ from services.allocation.partitions.sim import SimPartitionManager
 from shared.errors import ClaimError, InvalidOpaqueConfigError
 from shared.pb.drasuite.v1 import inventory_pb2
 from shared.pb.kubelet.dra.v1 import api_pb2 as v1
+from tests.fakes.allocation_sources import FakeInventory
 
 DRIVER = "sim.dra-suite.io"
 NODE = "node-a"
 SHARE = "0f5a9d1e-2b3c-4d5e-8f60-718293a4b5c6"
-
-
-class FakeInventory:
-    def __init__(self, current: inventory_pb2.Inventory) -> None:
-        self.current = current
 
 
 @dataclass

@@ -29,8 +29,8 @@ from services.devcluster import scheduler
 from services.discovery import inventory, slices
 from services.discovery.backends import nvml
 from services.discovery.backends.sysfs import Sysfs
-from shared.kube.resources import ResourceType
 from shared.pb.drasuite.v1 import inventory_pb2
+from tests.fakes.allocation_sources import FakeInventory, OneClaimReader
 from tests.fakes.nvml import FakeNVML
 from tests.fakes.nvml_mig import FakeMigNVML, cap_minor
 from tests.unit.deploy.manifests import (
@@ -92,23 +92,6 @@ def test_every_example_file_about_mig_has_a_claim_prepared_here():
     assert mentioned == {name for name, _ in EXAMPLES}
 
 
-class _Claims:
-    """A KubeReader holding one ResourceClaim."""
-
-    def __init__(self, claim: dict[str, Any]) -> None:
-        self.claim = claim
-
-    async def get(
-        self, rt: ResourceType, name: str, *, namespace: str | None = None
-    ) -> dict[str, Any]:
-        return self.claim
-
-
-class _Inventory:
-    def __init__(self, current: inventory_pb2.Inventory) -> None:
-        self.current = current
-
-
 async def _published(fake: FakeNVML) -> tuple[inventory_pb2.Inventory, list[dict[str, Any]]]:
     """The node's inventory and ResourceSlices, as the nvml discovery backend makes them."""
     options = nvml.NvmlOptions(mig_profiles=_mig_profiles())
@@ -162,8 +145,8 @@ async def test_the_example_claim_prepares_the_mig_device_it_was_allocated(
         tmp_path / "mig-partitions.json", open_library=lambda: mig_nvml, capabilities_root=caps
     )
     preparer = ClaimPreparer(
-        claims=ClaimReader(_Claims(stored), driver=GPU, pool=NODE),
-        inventory=_Inventory(built),
+        claims=ClaimReader(OneClaimReader(stored), driver=GPU, pool=NODE),
+        inventory=FakeInventory(built),
         checkpoints=checkpoints,
         cdi_writer=CDIWriter(tmp_path / "cdi", driver=GPU),
         driver=GPU,

@@ -29,11 +29,11 @@ from services.devcluster import scheduler
 from services.discovery import inventory, slices
 from services.discovery.backends.sim import SimBackend
 from services.discovery.backends.sysfs import Sysfs
-from shared.kube.resources import ResourceType
 from shared.pb.drasuite.v1 import inventory_pb2
 from shared.sim.profile import SimDevice, SimDeviceNode
 from shared.vfio import pci
 from tests.fakes import sysfs_pci
+from tests.fakes.allocation_sources import FakeInventory, OneClaimReader
 from tests.unit.deploy.manifests import KUSTOMIZE, _docs
 
 DRIVER = "sim.dra-suite.io"
@@ -73,21 +73,6 @@ async def _published(root: Path) -> tuple[inventory_pb2.Inventory, list[dict[str
     ]
 
 
-class _Claims:
-    def __init__(self, claim: dict[str, Any]) -> None:
-        self.claim = claim
-
-    async def get(
-        self, rt: ResourceType, name: str, *, namespace: str | None = None
-    ) -> dict[str, Any]:
-        return self.claim
-
-
-class _Inventory:
-    def __init__(self, current: inventory_pb2.Inventory) -> None:
-        self.current = current
-
-
 async def test_the_example_passes_a_viable_gpu_through_to_the_vm(tmp_path: Path):
     root = tmp_path / "sys"
     built, slices_ = await _published(root)
@@ -123,8 +108,8 @@ async def test_the_example_passes_a_viable_gpu_through_to_the_vm(tmp_path: Path)
     checkpoints.load()
     (tmp_path / "cdi").mkdir()
     preparer = ClaimPreparer(
-        claims=ClaimReader(_Claims(stored), driver=DRIVER, pool=NODE),
-        inventory=_Inventory(built),
+        claims=ClaimReader(OneClaimReader(stored), driver=DRIVER, pool=NODE),
+        inventory=FakeInventory(built),
         checkpoints=checkpoints,
         cdi_writer=CDIWriter(tmp_path / "cdi", driver=DRIVER),
         driver=DRIVER,
