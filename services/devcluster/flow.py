@@ -24,7 +24,7 @@ from services.devcluster import scheduler
 from services.devcluster.kubelet import KubeletClaim, KubeletEmulator
 from shared.bus import codec
 from shared.bus.connection import Bus
-from shared.errors import KubeNotFoundError
+from shared.errors import BusUnavailableError, KubeNotFoundError
 from shared.kube import resources
 from shared.kube.client import KubeClient
 from shared.pb.drasuite.v1 import alert_pb2, health_pb2, inventory_pb2
@@ -226,8 +226,18 @@ def read_cdi_spec(cdi_root: Path, *, claim_uid: str) -> Obj | None:
 
 
 async def inject_fault(
-    bus: Bus, *, driver: str, node: str, device: str, clear: bool = False
+    bus: Bus,
+    *,
+    driver: str,
+    node: str,
+    device: str,
+    clear: bool = False,
+    wait_s: float = 20.0,
 ) -> Obj:
+    """Send the sim fault `dractl fault inject` sends, once the health agent can take it.
+
+    A health agent that is still starting has not subscribed yet (no responders) or has not
+    read the node's inventory; both are retried for `wait_s`. Any other refusal is final."""
     command = health_pb2.FaultCommand(
         device=device,
         clear=clear,
@@ -235,13 +245,22 @@ async def inject_fault(
         code="demo-42",
         message="fault injected by the demo",
     )
-    reply = await bus.request(
-        bus.names.fault_control(driver, node), codec.encode(command), timeout_s=5.0
-    )
-    answer: Obj = json.loads(reply.data)
-    if not answer.get("ok"):
-        raise FlowError(f"fault command refused: {answer}")
-    return answer
+    subject = bus.names.fault_control(driver, node)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            reply = await bus.request(subject, codec.encode(command), timeout_s=5.0)
+        except BusUnavailableError as exc:
+            if time.monotonic() > deadline:
+                raise FlowError(f"no health agent took the fault on {subject}: {exc}") from exc
+            await asyncio.sleep(0.1)
+            continue
+        answer: Obj = json.loads(reply.data)
+        if answer.get("ok"):
+            return answer
+        if not answer.get("retry") or time.monotonic() > deadline:
+            raise FlowError(f"fault command refused: {answer}")
+        await asyncio.sleep(0.1)
 
 
 async def find_taint_rules(kube: KubeClient, *, device: str) -> list[Obj]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -24,13 +23,10 @@ from services.devcluster.kubelet import KubeletEmulator
 from services.discovery.agent import DiscoveryAgent
 from services.discovery.backends import sim
 from services.discovery.config import DiscoveryConfig
-from shared.bus import codec
-from shared.bus.connection import Bus
 from shared.config import KubeSettings, NATSSettings
-from shared.errors import BusUnavailableError, DraSuiteError
+from shared.errors import DraSuiteError
 from shared.kube.client import KubeClient
 from shared.kube.resources import NODES, RESOURCE_SLICES
-from shared.pb.drasuite.v1 import health_pb2
 from shared.supervisor import run_agent
 from tests.integration.discovery.agent_runner import running
 
@@ -147,25 +143,3 @@ async def until(check: Callable[[], Awaitable[T | None]], *, timeout_s: float = 
             if result:
                 return result
             await asyncio.sleep(0.2)
-
-
-async def inject_fault(
-    bus: Bus, *, driver: str, node: str, device: str, clear: bool = False
-) -> None:
-    """The sim fault `dractl fault inject` sends, once the health agent knows the inventory."""
-    command = health_pb2.FaultCommand(
-        device=device, clear=clear, cause="injected", code="42", message="injected by the test"
-    )
-    subject = bus.names.fault_control(driver, node)
-    for _ in range(100):
-        try:
-            reply = await bus.request(subject, codec.encode(command), timeout_s=3)
-        except BusUnavailableError:
-            await asyncio.sleep(0.1)
-            continue
-        answer = json.loads(reply.data)
-        if "inventory is not known yet" not in str(answer.get("error", "")):
-            assert answer == {"ok": True}, answer
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError("the health agent never took the fault")

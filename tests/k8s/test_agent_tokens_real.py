@@ -31,6 +31,7 @@ import structlog
 from services.devcluster.controlplane import RealControlPlane, register_node
 from services.devcluster.controlplane.kubeletshim import KubeletShim
 from services.devcluster.controlplane.nodes import wait_for_service_account
+from services.devcluster.flow import inject_fault
 from services.health.agent import HealthAgent
 from services.health.config import HealthConfig
 from services.health.policy import Taint
@@ -50,7 +51,7 @@ from shared.kube.resources import (
 )
 from tests.k8s import audit
 from tests.k8s.apply import Applier
-from tests.k8s.nodestack import inject_fault, node_stack
+from tests.k8s.nodestack import node_stack
 from tests.k8s.nodestack import until as _until
 from tests.k8s.tokens import SERVICE_ACCOUNTS, pod_bound_token
 from tests.unit.deploy.manifests import KUBECTL, render

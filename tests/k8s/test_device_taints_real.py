@@ -17,6 +17,7 @@ import pytest
 from services.devcluster.controlplane import RealControlPlane
 from services.devcluster.controlplane.kubeletshim import KubeletShim
 from services.devcluster.controlplane.nodes import wait_for_service_account
+from services.devcluster.flow import inject_fault
 from services.health.agent import HealthAgent
 from services.health.config import HealthConfig
 from services.health.rule_objects import rule_selector
@@ -33,7 +34,7 @@ from shared.kube.resources import (
     ResourceType,
     device_taint_rules,
 )
-from tests.k8s.nodestack import inject_fault, node_stack
+from tests.k8s.nodestack import node_stack
 from tests.k8s.nodestack import until as _until
 
 pytestmark = pytest.mark.k8s

@@ -142,7 +142,8 @@ class SimMonitor:
         await asyncio.Event().wait()
 
     async def handle_command(self, msg: Request) -> None:
-        """Apply one FaultCommand and reply `{"ok": true}` or `{"ok": false, "error": ...}`.
+        """Apply one FaultCommand and reply `{"ok": true}` or `{"ok": false, "error": ...}`
+        (with `"retry": true` while the node's inventory is not known yet).
 
         The observation is a span of the sender's trace (`dractl fault`); the evaluation that
         follows, in another task, continues this span through the fault's `origin`."""
@@ -154,7 +155,9 @@ class SimMonitor:
             error = self._command(msg.data, origin=telemetry.carried(telemetry.inject({})))
             if error is not None:
                 span.set_attribute("error", error)
-        reply = {"ok": True} if error is None else {"ok": False, "error": error}
+        reply: dict[str, object] = {"ok": True} if error is None else {"ok": False, "error": error}
+        if error is not None and self._devices is None:
+            reply["retry"] = True  # the agent is starting: the same command may succeed later
         await msg.respond(json.dumps(reply).encode())
 
     def _command(self, data: bytes, *, origin: tuple[tuple[str, str], ...] = ()) -> str | None:

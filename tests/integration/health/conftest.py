@@ -216,11 +216,24 @@ class HealthHarness:
                 await asyncio.sleep(0.1)
                 continue
             answer: dict[str, Any] = json.loads(reply.data)
-            if "inventory is not known yet" in str(answer.get("error", "")):
+            if answer.get("retry"):  # the agent has not read the inventory yet
                 await asyncio.sleep(0.1)
                 continue
             return answer
         raise AssertionError("the fault-control subject never accepted the command")
+
+    def replied(self, subject: str, data: bytes) -> Callable[[], Awaitable[dict[str, Any] | None]]:
+        """A check for `eventually`: the reply to one request, None while nothing answers."""
+
+        async def check() -> dict[str, Any] | None:
+            try:
+                reply = await self.bus.request(subject, data, timeout_s=3)
+            except BusUnavailableError:
+                return None
+            answer: dict[str, Any] = json.loads(reply.data)
+            return answer
+
+        return check
 
     async def record(
         self, device: str, *, bus: Bus | None = None

@@ -74,6 +74,28 @@ async def test_fault_command_records_taints_writes_an_event_and_raises_an_alert(
     _assert_one_trace(spans, raised["traceId"])
 
 
+async def test_a_fault_before_the_inventory_is_refused_as_retryable_and_unknown_devices_finally(
+    health,
+):
+    """`retry` tells a sender (the devcluster flows, the tests) that the agent is starting;
+    a device the inventory does not hold is refused without it."""
+    health.create_node()
+    async with health.running():
+        subject = health.bus.names.fault_control(health.DRIVER, health.NODE)
+        answer = await health.eventually(health.replied(subject, health.fault("gpu-1")))
+        assert answer["ok"] is False
+        assert answer["retry"] is True
+        assert "inventory is not known yet" in answer["error"]
+
+        await health.put_inventory()
+        await health.eventually(health.state_is("gpu-1", health.HEALTHY))
+        refused = await health.command(health.fault("gpu-9"))
+        assert refused["ok"] is False
+        assert "retry" not in refused
+        assert "unknown device" in refused["error"]
+        assert await health.command(health.fault("gpu-1", clear=True)) == {"ok": True}
+
+
 def _assert_rule(rule: dict[str, Any]) -> None:
     assert rule["spec"]["deviceSelector"] == {"driver": DRIVER, "pool": NODE, "device": "gpu-1"}
     taint = rule["spec"]["taint"]
