@@ -3,8 +3,9 @@
 # dractl. No ENTRYPOINT: each DaemonSet / compose service names its command.
 #   docker build -t ghcr.io/dra-suite/dra-suite:0.1.0 .
 # Every dependency at the version of constraints.txt (the versions CI tests with). The
-# production image has no extra; the compose stack builds with EXTRAS=devcluster for the API
-# emulator and the load generator (README "The image").
+# production image (the default target) has no extra and no dev cluster; the compose stack
+# builds the `devcluster` target with EXTRAS=devcluster for the API emulator and the load
+# generator (docs/install.md, "The image").
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 # --- build: the project wheel and the wheels of all its dependencies ---------------------
@@ -43,3 +44,12 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
 USER 10001:10001
 WORKDIR /
 CMD ["dractl", "--help"]
+
+# --- devcluster: the runtime plus the dev cluster (the compose stack only) -----------------
+# The dev cluster is not part of the wheel; it comes in as source, beside the venv.
+FROM runtime AS devcluster
+COPY devcluster /opt/dra-suite-devcluster/devcluster
+ENV PYTHONPATH=/opt/dra-suite-devcluster
+
+# --- production: the default target, the runtime as is ----------------------------------
+FROM runtime AS production

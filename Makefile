@@ -53,13 +53,13 @@ protos: venv
 ## Walk the whole flow on the sim backend with a local nats-server and API emulator; exits 0.
 ## Its work dir is .demo/, so it runs beside a `make up` (work dir .up/) without touching it.
 demo: venv
-	$(BIN)/dra-suite demo --workdir .demo
+	$(BIN)/python -m devcluster demo --workdir .demo
 
 ## Run the stack (nats-server, API emulator, kubelet emulator, three agents) until Ctrl-C;
-## prints every endpoint. `$(BIN)/dra-suite claim` then prepares a claim on it.
+## prints every endpoint. `$(BIN)/python -m devcluster claim` then prepares a claim on it.
 ## `make up NATS_CLUSTER=3`: a 3-server JetStream cluster with replicated buckets instead.
 up: venv
-	$(BIN)/dra-suite up --workdir .up $(if $(NATS_CLUSTER),--nats-cluster $(NATS_CLUSTER))
+	$(BIN)/python -m devcluster up --workdir .up $(if $(NATS_CLUSTER),--nats-cluster $(NATS_CLUSTER))
 
 bench: venv
 	$(BIN)/python -m bench.run --out bench/results.json
@@ -73,7 +73,7 @@ scale: venv
 ## from the Go module proxy into ~/.cache/dra-suite/k8s, once per machine: `make k8s K8S=1.34`,
 ## `make k8s K8S=all`; the newest supported minor by default. Needs Go 1.26+.
 k8s: venv
-	$(BIN)/python -m services.devcluster.controlplane $(K8S)
+	$(BIN)/python -m devcluster.controlplane $(K8S)
 
 ## The tests on the real control plane of one minor (`make test-k8s K8S=1.34`); builds it first.
 test-k8s: k8s

@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 
 from bench.scale_fleet import rss_mb
-from services.devcluster.stack import AGENTS, LocalStack, StackConfig
+from devcluster.stack import AGENTS, LocalStack, StackConfig
 
 __all__ = ["measure_agent_rss"]
 

@@ -29,10 +29,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.cdi_dir import node_like_cdi_dir
 from bench.prepare import allocated_claims, timed_prepare
 from bench.stats import percentile
-from services.devcluster import flow
-from services.devcluster.kubelet import KubeletEmulator
-from services.devcluster.stack import LocalStack, StackConfig
-from services.dractl.session import open_bus
+from devcluster import flow
+from devcluster.kubelet import KubeletEmulator
+from devcluster.stack import LocalStack, StackConfig
+from shared.bus.session import open_bus
 from shared.config import LogSettings
 from shared.logging import configure as configure_logging
 

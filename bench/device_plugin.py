@@ -33,14 +33,14 @@ from typing import Any
 import grpc
 
 from bench.stats import percentile
+from devcluster import flow
+from devcluster.deviceplugin_kubelet import DevicePluginKubelet
+from devcluster.stack import LocalStack, StackConfig
 from services.allocation.config import AllocationConfig
 from services.allocation.deviceplugin.agent import DevicePluginAgent
-from services.devcluster import flow
-from services.devcluster.deviceplugin_kubelet import DevicePluginKubelet
-from services.devcluster.stack import LocalStack, StackConfig
-from services.dractl.session import open_bus
 from shared.bus import codec
 from shared.bus.connection import Bus
+from shared.bus.session import open_bus
 from shared.config import LogSettings
 from shared.errors import BusUnavailableError
 from shared.logging import configure as configure_logging

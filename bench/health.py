@@ -26,12 +26,12 @@ import aiohttp
 import yaml
 
 from bench.stats import percentile
-from services.devcluster import flow
-from services.devcluster.kubelet import KubeletEmulator
-from services.devcluster.stack import LocalStack, StackConfig
-from services.dractl.session import open_bus
+from devcluster import flow
+from devcluster.kubelet import KubeletEmulator
+from devcluster.stack import LocalStack, StackConfig
 from shared.bus import codec
 from shared.bus.connection import Bus
+from shared.bus.session import open_bus
 from shared.errors import BusUnavailableError
 from shared.kube.client import KubeClient, WatchEvent
 from shared.kube.resources import RESOURCE_GROUP, ResourceType, device_taint_rules

@@ -25,10 +25,10 @@ from pathlib import Path
 
 from bench.cdi_dir import node_like_cdi_dir
 from bench.concurrency import rss_mb
-from services.devcluster import flow
-from services.devcluster.kubelet import KubeletClaim, KubeletEmulator
-from services.devcluster.stack import LocalStack, StackConfig
-from services.dractl.session import open_bus
+from devcluster import flow
+from devcluster.kubelet import KubeletClaim, KubeletEmulator
+from devcluster.stack import LocalStack, StackConfig
+from shared.bus.session import open_bus
 from shared.config import LogSettings
 from shared.logging import configure as configure_logging
 

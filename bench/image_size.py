@@ -32,11 +32,19 @@ SCRIPTS = ("dra-discovery", "dra-allocation", "dra-health", "dra-nats-auth", "dr
 
 
 def build_context(dockerfile: Path = REPO / "Dockerfile") -> list[str]:
-    """The sources the build stage copies from the context (COPY without --from)."""
+    """The sources the build stage copies from the context (COPY without --from); the
+    compose-only `devcluster` stage's copy is not part of the production image."""
     sources: list[str] = []
+    stage = ""
     for line in dockerfile.read_text().splitlines():
         words = line.split()
-        if words[:1] == ["COPY"] and not any(w.startswith("--from") for w in words):
+        if words[:1] == ["FROM"]:
+            stage = words[-1]
+        elif (
+            stage == "build"
+            and words[:1] == ["COPY"]
+            and not any(w.startswith("--from") for w in words)
+        ):
             sources.extend(w for w in words[1:-1] if not w.startswith("--"))
     return sources
 

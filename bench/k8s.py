@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.k8s_prepare import measure_real_prepare
-from services.devcluster.controlplane import (
+from devcluster.controlplane import (
     NEWEST,
     RELEASES,
     ControlPlaneNotBuiltError,
@@ -26,7 +26,7 @@ from services.devcluster.controlplane import (
     cached_binaries,
     release,
 )
-from services.devcluster.controlplane.build import cache_root
+from devcluster.controlplane.build import cache_root
 
 __all__ = ["measure_k8s"]
 

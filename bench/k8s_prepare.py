@@ -1,6 +1,6 @@
 """`real_prepare_p99_ms`: a pod bound by kube-scheduler to prepared, on the real control plane.
 
-The stack runs as in `dra-suite up --control-plane real` (the agents as processes against
+The stack runs as in `python -m devcluster up --control-plane real` (the agents as processes against
 kube-apiserver, kube-scheduler and kube-controller-manager of the newest built minor); this
 process plays the kubelet through the kubelet shim. Each sample is one pod with a one-GPU claim:
 `real_prepare` runs from the shim seeing the pod bound to the node to the plugin's answer
@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.stats import percentile
-from services.devcluster import flow
-from services.devcluster.controlplane import NEWEST
-from services.devcluster.controlplane.kubeletshim import KubeletShim
-from services.devcluster.controlplane.nodes import wait_for_service_account
-from services.devcluster.kubelet import KubeletEmulator
-from services.devcluster.stack import LocalStack, StackConfig
+from devcluster import flow
+from devcluster.controlplane import NEWEST
+from devcluster.controlplane.kubeletshim import KubeletShim
+from devcluster.controlplane.nodes import wait_for_service_account
+from devcluster.kubelet import KubeletEmulator
+from devcluster.stack import LocalStack, StackConfig
 from shared.errors import KubeNotFoundError
 from shared.kube import resources
 from shared.kube.client import KubeClient

@@ -33,9 +33,9 @@ import nkeys  # type: ignore[import-untyped]  # ships no type hints
 
 from bench.junk_connects import FloodProcess
 from bench.stats import percentile
-from services.devcluster.apiserver import APIServerEmulator, ClusterConfig
-from services.devcluster.natsauth import AuthCallout, ServerAuth
-from services.devcluster.natsserver import NATSServerProcess
+from devcluster.apiserver import APIServerEmulator, ClusterConfig
+from devcluster.natsauth import AuthCallout, ServerAuth
+from devcluster.natsserver import NATSServerProcess
 from services.natsauth.agent import AuthService
 from services.natsauth.config import AuthServiceConfig
 from services.natsauth.keys import SigningKey, XKey, new_signing_seed, new_xkey_seed

@@ -19,10 +19,10 @@ import yaml
 from bench.cdi_dir import node_like_cdi_dir
 from bench.floor import FloorIteration, floor_probe
 from bench.stats import percentile
-from services.devcluster import flow
-from services.devcluster.kubelet import KubeletClaim, KubeletEmulator
-from services.devcluster.stack import LocalStack, StackConfig
-from services.dractl.session import open_bus
+from devcluster import flow
+from devcluster.kubelet import KubeletClaim, KubeletEmulator
+from devcluster.stack import LocalStack, StackConfig
+from shared.bus.session import open_bus
 from shared.kube.client import KubeClient
 
 __all__ = ["PrepareFigures", "allocated_claims", "measure_prepare", "timed_prepare"]

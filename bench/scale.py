@@ -38,10 +38,10 @@ from nats.js import api
 
 from bench.scale_fleet import DRIVER, Fleet, cpu_s, node_name, rss_mb
 from services.dractl import queries
-from services.dractl.session import open_bus
 from shared import logging
 from shared.bus import codec
 from shared.bus.connection import Bus
+from shared.bus.session import open_bus
 from shared.config import LogSettings
 from shared.errors import DraSuiteError
 from shared.kube import resources

@@ -29,11 +29,11 @@ from typing import Any
 
 import trustme
 
+from devcluster.natscluster import NATSCluster
+from devcluster.processes import ChildProcess
 from services.allocation.node_view import watchers
 from services.allocation.node_view.health_board import HealthBoard
 from services.allocation.node_view.inventory_cache import InventoryCache
-from services.devcluster.natscluster import NATSCluster
-from services.devcluster.processes import ChildProcess
 from services.discovery.agent import DiscoveryAgent
 from services.discovery.config import DiscoveryConfig
 from services.health.agent import HealthAgent
@@ -111,7 +111,7 @@ class Fleet:
             argv=[
                 sys.executable,
                 "-m",
-                "services.devcluster.apiserver",
+                "devcluster.apiserver",
                 *("--port", "0", "--kubeconfig", str(self.kubeconfig)),
                 *("--kubernetes-version", "1.36"),
                 *("--feature-gates", "DRADeviceTaints=true,DRADeviceTaintRules=true"),

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.stats import percentile
-from services.devcluster.apiserver import APIServerEmulator, ClusterConfig
-from services.devcluster.natsserver import NATSServerProcess
+from devcluster.apiserver import APIServerEmulator, ClusterConfig
+from devcluster.natsserver import NATSServerProcess
 from services.discovery.agent import DiscoveryAgent
 from services.discovery.backends import DeviceBackend, Scan
 from services.discovery.backends.sim import SimBackend

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from services.devcluster.apiserver import APIServerEmulator, ClusterConfig
-from services.devcluster.natsserver import NATSServerProcess
+from devcluster.apiserver import APIServerEmulator, ClusterConfig
+from devcluster.natsserver import NATSServerProcess
 from shared.bus.connection import Bus
 from shared.config import KubeSettings, NATSSettings
 from tests.hang_report import pytest_runtest_call

@@ -21,8 +21,8 @@ from importlib import metadata
 from typing import Any, NoReturn
 
 from services.dractl import classes, commands, completion, explain
-from services.dractl.session import open_bus
 from shared import logging, telemetry
+from shared.bus.session import open_bus
 from shared.config import LogSettings, NATSSettings, TelemetrySettings, env_name, from_args
 from shared.errors import DraSuiteError
 

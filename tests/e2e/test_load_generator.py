@@ -1,4 +1,4 @@
-"""`dra-suite load` on a running stack: rounds of claims prepared and released through the
+"""`devcluster load` on a running stack: rounds of claims prepared and released through the
 kubelet emulator, and faults that raise and resolve alerts, leaving nothing prepared."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from services.devcluster import flow
-from services.devcluster.load import LoadPlan, LoadTarget, run_load
-from services.devcluster.stack import LocalStack, StackConfig
-from services.dractl.session import open_bus
+from devcluster import flow
+from devcluster.load import LoadPlan, LoadTarget, run_load
+from devcluster.stack import LocalStack, StackConfig
+from shared.bus.session import open_bus
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 

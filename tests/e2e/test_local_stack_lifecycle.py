@@ -1,9 +1,9 @@
-"""`dra-suite up` as a real process tree: every way of stopping it stops everything in order.
+"""`devcluster up` as a real process tree: every way of stopping it stops everything in order.
 
-Ctrl-C (SIGINT to the whole process group), SIGTERM and SIGHUP to `dra-suite up`: each agent
+Ctrl-C (SIGINT to the whole process group), SIGTERM and SIGHUP to `devcluster up`: each agent
 exits 0 within 2 s of its stop, nothing outlives the stack, and the logs stay JSON. A second
 stack on the same work dir is refused and leaves the first one running. A running stack is
-ready for `dra-suite claim`, and `dractl claims` shows what it prepared. A demo stopped half-way
+ready for `devcluster claim`, and `dractl claims` shows what it prepared. A demo stopped half-way
 stops its own stack the same way.
 """
 
@@ -24,17 +24,17 @@ from pathlib import Path
 
 import pytest
 
-from services.devcluster.stack import AGENTS
+from devcluster.stack import AGENTS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 
 _READY = "stops everything"
-_DRA_SUITE = str(Path(sys.executable).parent / "dra-suite")  # the console scripts users run
+_DEVCLUSTER = (sys.executable, "-m", "devcluster")  # as the README runs it, from the repo root
 _DRACTL = str(Path(sys.executable).parent / "dractl")
 
 
 class _Up:
-    """One `dra-suite up` in a session (so a process group) of its own."""
+    """One `devcluster up` in a session (so a process group) of its own."""
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
@@ -42,7 +42,7 @@ class _Up:
         self.stderr_path = workdir.parent / "up.err"
         with self.stdout_path.open("w") as stdout, self.stderr_path.open("w") as stderr:
             self.process = subprocess.Popen(
-                [_DRA_SUITE, "up", "--workdir", str(workdir)],
+                [*_DEVCLUSTER, "up", "--workdir", str(workdir)],
                 stdout=stdout,
                 stderr=stderr,
                 start_new_session=True,
@@ -161,7 +161,7 @@ def test_a_demo_on_the_work_dir_of_a_running_stack_is_refused_and_harms_nothing(
 ) -> None:
     up.wait_ready()
     demo = subprocess.run(
-        [_DRA_SUITE, "demo", "--workdir", str(up.workdir)],
+        [*_DEVCLUSTER, "demo", "--workdir", str(up.workdir)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -184,7 +184,7 @@ def test_up_is_ready_for_a_claim_and_dractl_reads_it(up: _Up) -> None:
     with urllib.request.urlopen(f"{endpoints['ops']['allocation']}/readyz", timeout=5) as ready:
         assert ready.status == 200  # the kubelet emulator registered the plugin
 
-    claim = _run(_DRA_SUITE, "claim", "--count", "2", "--workdir", str(up.workdir))
+    claim = _run(*_DEVCLUSTER, "claim", "--count", "2", "--workdir", str(up.workdir))
     assert claim.returncode == 0, claim.stderr
     assert "prepared on demo-node" in claim.stdout
     assert claim.stdout.count("CDI k8s.sim.dra-suite.io/claim=") == 2
@@ -201,7 +201,7 @@ def test_up_is_ready_for_a_claim_and_dractl_reads_it(up: _Up) -> None:
     assert [pod["name"] for pod in prepared["pods"]] == ["try-claim-pod"]
     assert len(prepared["devices"]) == 2
 
-    released = _run(_DRA_SUITE, "claim", "--release", "--workdir", str(up.workdir))
+    released = _run(*_DEVCLUSTER, "claim", "--release", "--workdir", str(up.workdir))
     assert released.returncode == 0, released.stderr
     assert not list((up.workdir / "cdi").iterdir())
     up.process.send_signal(signal.SIGTERM)
@@ -216,7 +216,7 @@ def test_a_demo_stopped_half_way_stops_its_stack_and_says_so(short_tmp: Path) ->
     out_path = short_tmp / "demo.out"
     with out_path.open("w") as out:
         demo = subprocess.Popen(
-            [_DRA_SUITE, "demo", "--workdir", str(short_tmp / "demo")],
+            [*_DEVCLUSTER, "demo", "--workdir", str(short_tmp / "demo")],
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -253,7 +253,7 @@ def _using(workdir: Path) -> set[int]:
 
 
 def test_after_a_sigkill_the_next_stack_names_the_orphans_and_starts_nothing(up: _Up) -> None:
-    """`kill -9` of `dra-suite up` leaves its children running (each in a process group of its
+    """`kill -9` of `devcluster up` leaves its children running (each in a process group of its
     own); the next `up` on the work dir must not start a second nats-server on their store."""
     up.wait_ready()
     started = up.descendants()
@@ -262,7 +262,7 @@ def test_after_a_sigkill_the_next_stack_names_the_orphans_and_starts_nothing(up:
     orphans = {pid for pid in started if _alive(pid)}
     try:
         assert len(orphans) >= 5, "nats-server, the API emulator and three agents live on"
-        second = _run(_DRA_SUITE, "up", "--workdir", str(up.workdir))
+        second = _run(*_DEVCLUSTER, "up", "--workdir", str(up.workdir))
         assert second.returncode == 1, second.stdout + second.stderr
         assert f"(pid {up.process.pid}) was killed without stopping its processes" in (
             second.stderr

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from services.devcluster import flow
-from services.devcluster.kubelet import KubeletEmulator
-from services.devcluster.stack import LocalStack, StackConfig
-from services.dractl.session import open_bus
+from devcluster import flow
+from devcluster.kubelet import KubeletEmulator
+from devcluster.stack import LocalStack, StackConfig
+from shared.bus.session import open_bus
 from shared.kube.client import KubeClient
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]

@@ -11,10 +11,10 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.devcluster import flow
-from services.devcluster.kubelet import KubeletEmulator
-from services.devcluster.stack import AGENTS, LocalStack, StackConfig
-from services.dractl.session import open_bus
+from devcluster import flow
+from devcluster.kubelet import KubeletEmulator
+from devcluster.stack import AGENTS, LocalStack, StackConfig
+from shared.bus.session import open_bus
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from services.devcluster import flow, scheduler
-from services.devcluster.stack import LocalStack, StackConfig
-from services.dractl.session import open_bus
+from devcluster import flow, scheduler
+from devcluster.stack import LocalStack, StackConfig
+from shared.bus.session import open_bus
 from shared.kube import resources
 from shared.kube.client import KubeClient
 

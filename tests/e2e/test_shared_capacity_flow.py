@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from services.devcluster import flow, scheduler
-from services.devcluster.kubelet import KubeletEmulator
-from services.devcluster.stack import LocalStack, StackConfig
-from services.dractl.session import open_bus
+from devcluster import flow, scheduler
+from devcluster.kubelet import KubeletEmulator
+from devcluster.stack import LocalStack, StackConfig
+from shared.bus.session import open_bus
 from shared.kube import resources
 from shared.kube.client import KubeClient
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from services.devcluster import flow
-from services.devcluster.kubelet import KubeletEmulator
-from services.devcluster.stack import LocalStack, StackConfig
-from services.dractl.session import open_bus
+from devcluster import flow
+from devcluster.kubelet import KubeletEmulator
+from devcluster.stack import LocalStack, StackConfig
+from shared.bus.session import open_bus
 from shared.pb.drasuite.v1 import alert_pb2
 from shared.pb.kubelet.drahealth.v1alpha1 import api_pb2 as health_api
 
@@ -128,7 +128,7 @@ async def _fault_reaches_api_alerts_and_kubelet(bus, kube, kubelet, *, device: s
 async def test_demo_walks_the_flow_and_exits_zero(short_tmp: Path):
     from io import StringIO
 
-    from services.devcluster.demo import run_demo
+    from devcluster.demo import run_demo
 
     out = StringIO()
     code = await run_demo(StackConfig(workdir=short_tmp / "demo", node_name="demo-node"), out=out)

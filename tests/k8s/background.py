@@ -7,7 +7,7 @@ import asyncio
 import threading
 from pathlib import Path
 
-from services.devcluster.controlplane import ControlPlaneBinaries, RealControlPlane
+from devcluster.controlplane import ControlPlaneBinaries, RealControlPlane
 
 __all__ = ["BackgroundControlPlane"]
 

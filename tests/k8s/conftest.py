@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from services.devcluster.controlplane import (
+from devcluster.controlplane import (
     NEWEST,
     ControlPlaneBinaries,
     ControlPlaneNotBuiltError,

@@ -15,11 +15,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from pathlib import Path
 from typing import Any, TypeVar
 
+from devcluster.controlplane import register_node
+from devcluster.controlplane.kubeletshim import KubeletShim
+from devcluster.kubelet import KubeletEmulator
 from services.allocation.config import AllocationConfig
 from services.allocation.dra.agent import AllocationAgent
-from services.devcluster.controlplane import register_node
-from services.devcluster.controlplane.kubeletshim import KubeletShim
-from services.devcluster.kubelet import KubeletEmulator
 from services.discovery.agent import DiscoveryAgent
 from services.discovery.backends import sim
 from services.discovery.config import DiscoveryConfig

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
+from devcluster.controlplane.nodes import wait_for_service_account
 from services.allocation.dra import opaque
-from services.devcluster.controlplane.nodes import wait_for_service_account
 from shared.errors import InvalidOpaqueConfigError, KubeInvalidError, KubeNotFoundError
 from shared.kube.client import KubeClient
 from shared.kube.resources import DEVICE_CLASSES, RESOURCE_CLAIMS, ResourceType

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
+from devcluster.controlplane import RealControlPlane, register_node
 from services.allocation.dra.checkpoint import ClaimState, PreparedClaim, PreparedDevice
 from services.allocation.node_view.health_board import HealthBoard
 from services.allocation.status.publisher import DeviceStatusPublisher
-from services.devcluster.controlplane import RealControlPlane, register_node
 from shared.config import KubeSettings
 from shared.errors import KubeError
 from shared.kube.client import KubeClient

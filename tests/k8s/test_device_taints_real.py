@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from services.devcluster.controlplane import RealControlPlane
-from services.devcluster.controlplane.kubeletshim import KubeletShim
-from services.devcluster.controlplane.nodes import wait_for_service_account
-from services.devcluster.flow import inject_fault
+from devcluster.controlplane import RealControlPlane
+from devcluster.controlplane.kubeletshim import KubeletShim
+from devcluster.controlplane.nodes import wait_for_service_account
+from devcluster.flow import inject_fault
 from services.health.agent import HealthAgent
 from services.health.config import HealthConfig
 from services.health.rule_objects import rule_selector

@@ -15,10 +15,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from services.devcluster.apiserver import APIServerEmulator, ClusterConfig
-from services.devcluster.apiserver.config import SUPPORTED_VERSIONS
-from services.devcluster.controlplane import RealControlPlane, register_node
-from services.devcluster.controlplane.nodes import wait_for_service_account
+from devcluster.apiserver import APIServerEmulator, ClusterConfig
+from devcluster.apiserver.config import SUPPORTED_VERSIONS
+from devcluster.controlplane import RealControlPlane, register_node
+from devcluster.controlplane.nodes import wait_for_service_account
 from shared.kube.client import KubeClient
 from tests.k8s.parity_cases import KNOWN_DIFFERENCES, Case, Request, cases
 

@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 import yaml
 
+from devcluster.controlplane import RealControlPlane
+from devcluster.controlplane.kubeletshim import KubeletShim
+from devcluster.controlplane.nodes import wait_for_service_account
 from services.allocation.cdi import spec_files
-from services.devcluster.controlplane import RealControlPlane
-from services.devcluster.controlplane.kubeletshim import KubeletShim
-from services.devcluster.controlplane.nodes import wait_for_service_account
 from shared.config import NATSSettings
 from shared.errors import DraSuiteError, KubeAlreadyExistsError, KubeNotFoundError
 from shared.kube.client import KubeClient

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from services.devcluster.controlplane import RealControlPlane, register_node
-from services.devcluster.controlplane.nodes import wait_for_service_account
+from devcluster.controlplane import RealControlPlane, register_node
+from devcluster.controlplane.nodes import wait_for_service_account
 from shared.errors import KubeError
 from shared.kube.client import KubeClient
 from shared.kube.resources import (

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from devcluster.controlplane import RealControlPlane
+from devcluster.controlplane.nodes import wait_for_service_account
 from services.allocation.cdi import spec_files
-from services.devcluster.controlplane import RealControlPlane
-from services.devcluster.controlplane.nodes import wait_for_service_account
 from shared.config import NATSSettings
 from shared.kube.client import KubeClient
 from shared.kube.resources import DEVICE_CLASSES, PODS, RESOURCE_CLAIMS, ResourceType

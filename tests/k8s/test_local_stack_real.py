@@ -1,5 +1,5 @@
-"""`dra-suite up --control-plane real`: the three agents as processes on the real control
-plane, and `dra-suite claim` getting a pod scheduled by kube-scheduler and prepared."""
+"""`python -m devcluster up --control-plane real`: the three agents as processes on the real control
+plane, and `python -m devcluster claim` getting a pod scheduled by kube-scheduler and prepared."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from services.devcluster import workdir
-from services.devcluster.claim import ClaimRequest, run_claim
-from services.devcluster.controlplane import ControlPlaneBinaries
-from services.devcluster.stack import StackConfig
-from services.devcluster.up import run_up
+from devcluster import workdir
+from devcluster.claim import ClaimRequest, run_claim
+from devcluster.controlplane import ControlPlaneBinaries
+from devcluster.stack import StackConfig
+from devcluster.up import run_up
 
 pytestmark = pytest.mark.k8s
 

@@ -19,8 +19,8 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from services.devcluster.controlplane import RealControlPlane, register_node
-from services.devcluster.controlplane.nodes import wait_for_service_account
+from devcluster.controlplane import RealControlPlane, register_node
+from devcluster.controlplane.nodes import wait_for_service_account
 from services.natsauth.apifetch import KubeFetch
 from services.natsauth.identity import Identity, Policy, Refusal, identify
 from services.natsauth.keyset import DISCOVERY_PATH, JWKS_TYPE, IssuerKeys

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from services.devcluster.controlplane import RealControlPlane, register_node
-from services.devcluster.controlplane.nodes import wait_for_service_account
+from devcluster.controlplane import RealControlPlane, register_node
+from devcluster.controlplane.nodes import wait_for_service_account
 from services.discovery.agent import DiscoveryAgent
 from services.discovery.backends import sim
 from services.discovery.config import DiscoveryConfig

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from services.devcluster.stack import LocalStack, StackConfig
-from services.dractl.session import open_bus
+from devcluster.stack import LocalStack, StackConfig
+from shared.bus.session import open_bus
 from tests.reliability.emulator_control import EmulatorControl
 from tests.reliability.harness import DRIVER, NODE, SHIPPED, ReliabilityNode
 

@@ -26,15 +26,15 @@ import nats.errors
 import yaml
 from nats.js import api
 
+from devcluster import flow
+from devcluster.kubelet import KubeletClaim, KubeletEmulator, KubeletError
+from devcluster.processes import ChildProcess
+from devcluster.stack import LocalStack, StackConfig
 from services.allocation.cdi import spec_files
 from services.allocation.cli import CRASH_AT_ENV
-from services.devcluster import flow
-from services.devcluster.kubelet import KubeletClaim, KubeletEmulator, KubeletError
-from services.devcluster.processes import ChildProcess
-from services.devcluster.stack import LocalStack, StackConfig
-from services.dractl.session import open_bus
 from shared.bus import codec
 from shared.bus.connection import Bus
+from shared.bus.session import open_bus
 from shared.errors import BusUnavailableError, KubeNotFoundError
 from shared.kube import resources
 from shared.kube.client import KubeClient

@@ -45,9 +45,9 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from services.devcluster import flow
-from services.devcluster.kubelet import KubeletClaim, KubeletEmulator
-from services.devcluster.stack import AGENTS
+from devcluster import flow
+from devcluster.kubelet import KubeletClaim, KubeletEmulator
+from devcluster.stack import AGENTS
 from shared.kube import resources
 from tests.reliability.harness import (
     DRIVER,

@@ -20,7 +20,7 @@ from typing import Self
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.devcluster.stack import LocalStack
+from devcluster.stack import LocalStack
 
 __all__ = [
     "AgentProbe",

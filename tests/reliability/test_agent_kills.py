@@ -18,10 +18,10 @@ from collections.abc import Sequence
 
 import pytest
 
+from devcluster.kubelet import KubeletClaim
+from devcluster.stack import AGENTS
 from services.allocation.cdi import spec_files
 from services.allocation.dra.checkpoint import CheckpointStore, ClaimState
-from services.devcluster.kubelet import KubeletClaim
-from services.devcluster.stack import AGENTS
 from tests.reliability.harness import DRIVER, ReliabilityNode
 
 pytestmark = [pytest.mark.reliability, pytest.mark.timeout(120)]

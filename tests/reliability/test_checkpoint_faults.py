@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pytest
 
+from devcluster.kubelet import KubeletClaim
 from services.allocation.cdi import spec_files
-from services.devcluster.kubelet import KubeletClaim
 from shared.pb.kubelet.dra.v1 import api_pb2 as dra
 from tests.reliability.disk_faults import DiskFull, NotADirectory
 from tests.reliability.harness import DRIVER, ReliabilityNode

@@ -19,8 +19,8 @@ import pytest
 import structlog
 from nats.js import api
 
-from services.devcluster.flow import FlowError
-from services.devcluster.natscluster import NATSCluster
+from devcluster.flow import FlowError
+from devcluster.natscluster import NATSCluster
 from shared.bus import codec, streams
 from shared.bus.connection import Bus
 from shared.bus.subjects import Names

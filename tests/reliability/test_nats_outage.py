@@ -17,9 +17,9 @@ from collections import Counter
 
 import pytest
 
-from services.devcluster.flow import FlowError
-from services.devcluster.kubelet import KubeletClaim
-from services.devcluster.natsserver import NATSServerProcess
+from devcluster.flow import FlowError
+from devcluster.kubelet import KubeletClaim
+from devcluster.natsserver import NATSServerProcess
 from shared.errors import BusUnavailableError
 from tests.reliability.harness import ReliabilityNode, hot_plug, until
 

@@ -31,10 +31,10 @@ from typing import Any
 
 import pytest
 
+from devcluster.kubelet import KubeletClaim
+from devcluster.processes import ChildProcess
 from services.allocation.cdi import spec_files
 from services.allocation.dra.checkpoint import CheckpointStore, ClaimState
-from services.devcluster.kubelet import KubeletClaim
-from services.devcluster.processes import ChildProcess
 from tests.reliability.harness import DRIVER, ReliabilityNode, partition_config, until
 
 pytestmark = [pytest.mark.reliability, pytest.mark.timeout(120)]

@@ -22,14 +22,14 @@ from typing import Any
 
 import pytest
 
+from devcluster.apiserver import APIServerEmulator
+from devcluster.kubelet import KubeletClaim, KubeletEmulator
+from devcluster.processes import ChildProcess
 from services.allocation.cdi import spec_files
 from services.allocation.cli import CRASH_AT_ENV
 from services.allocation.config import AllocationConfig
 from services.allocation.dra.agent import AllocationAgent
 from services.allocation.dra.checkpoint import CheckpointStore
-from services.devcluster.apiserver import APIServerEmulator
-from services.devcluster.kubelet import KubeletClaim, KubeletEmulator
-from services.devcluster.processes import ChildProcess
 from shared.bus import codec
 from shared.bus.connection import Bus
 from shared.config import KubeSettings, NATSSettings

@@ -7,8 +7,8 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from services.devcluster.kubelet import KubeletEmulator
-from services.devcluster.processes import ChildProcess
+from devcluster.kubelet import KubeletEmulator
+from devcluster.processes import ChildProcess
 
 DRIVER = "sim.dra-suite.io"
 

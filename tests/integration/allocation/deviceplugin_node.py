@@ -15,10 +15,10 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from devcluster.deviceplugin_kubelet import DevicePluginKubelet
 from services.allocation.config import AllocationConfig
 from services.allocation.deviceplugin import container_devices
 from services.allocation.deviceplugin.agent import DevicePluginAgent
-from services.devcluster.deviceplugin_kubelet import DevicePluginKubelet
 from services.discovery.backends.sim import SimBackend
 from shared.bus import codec
 from shared.bus.connection import Bus

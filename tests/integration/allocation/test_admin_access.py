@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from devcluster.kubelet import KubeletClaim, KubeletEmulator
 from services.allocation.mps.daemons import MpsDaemons
-from services.devcluster.kubelet import KubeletClaim, KubeletEmulator
 from services.discovery.backends import sim
 from shared.bus import codec
 from shared.pb.drasuite.v1 import inventory_pb2

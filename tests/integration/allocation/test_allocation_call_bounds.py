@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from services.devcluster.kubelet import KubeletClaim
+from devcluster.kubelet import KubeletClaim
 
 pytestmark = pytest.mark.integration
 

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from services.devcluster.kubelet import KubeletEmulator
+from devcluster.kubelet import KubeletEmulator
 from shared.pb.drasuite.v1 import health_pb2
 from shared.pb.kubelet.drahealth.v1alpha1 import api_pb2 as kubelet_health
 

@@ -11,7 +11,7 @@ import pytest
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from services.devcluster.kubelet import KubeletClaim
+from devcluster.kubelet import KubeletClaim
 from shared import telemetry
 from shared.config import TelemetrySettings
 from shared.pb.kubelet.dra.v1 import api_pb2 as dra

@@ -10,8 +10,8 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from devcluster.kubelet import KubeletEmulator, KubeletError
 from services.allocation.dra.agent import AllocationAgent
-from services.devcluster.kubelet import KubeletEmulator, KubeletError
 from shared import metrics
 from shared.config import OpsSettings
 from shared.supervisor import run_agent

@@ -13,8 +13,8 @@ import asyncio
 import grpc
 import pytest
 
+from devcluster.kubelet import KubeletClaim
 from services.allocation.cdi import spec_files
-from services.devcluster.kubelet import KubeletClaim
 from shared.pb.kubelet.dra.v1 import api_pb2 as dra
 from shared.pb.kubelet.dra.v1 import api_pb2_grpc as dra_grpc
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from devcluster.kubelet import KubeletClaim
 from services.allocation.cdi import spec_files
-from services.devcluster.kubelet import KubeletClaim
 
 pytestmark = pytest.mark.integration
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from devcluster.deviceplugin_kubelet import KubeletDeviceError
 from services.allocation.deviceplugin.agent import DevicePluginAgent
 from services.allocation.dra.agent import AllocationAgent
-from services.devcluster.deviceplugin_kubelet import KubeletDeviceError
 from services.discovery.backends.sim import SimBackend
 from shared import metrics
 from shared.bus.connection import Bus

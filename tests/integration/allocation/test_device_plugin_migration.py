@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 import yaml
 
+from devcluster import scheduler
 from services.allocation.deviceplugin.agent import DevicePluginAgent
-from services.devcluster import scheduler
 from services.discovery import inventory, slices
 from services.discovery.backends.sim import SimBackend
 from services.dractl.explain_manifest import read_manifest

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from devcluster.kubelet import KubeletClaim, KubeletEmulator, KubeletError
+from devcluster.processes import ChildProcess
 from services.allocation.dra.checkpoint import ClaimState, PreparedMps
 from services.allocation.mps.daemons import MpsDaemons
-from services.devcluster.kubelet import KubeletClaim, KubeletEmulator, KubeletError
-from services.devcluster.processes import ChildProcess
 from services.discovery.backends import sim
 from shared.bus import codec
 from shared.pb.drasuite.v1 import inventory_pb2

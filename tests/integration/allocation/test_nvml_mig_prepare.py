@@ -23,10 +23,10 @@ from typing import Any
 
 import pytest
 
+from devcluster import scheduler
+from devcluster.kubelet import KubeletClaim, KubeletEmulator, KubeletError
+from devcluster.processes import ChildProcess
 from services.allocation.dra.checkpoint import ClaimState
-from services.devcluster import scheduler
-from services.devcluster.kubelet import KubeletClaim, KubeletEmulator, KubeletError
-from services.devcluster.processes import ChildProcess
 from services.discovery import inventory, slices
 from services.discovery.backends import nvml
 from services.discovery.backends.sysfs import Sysfs

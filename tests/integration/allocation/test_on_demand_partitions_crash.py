@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
+from devcluster.kubelet import KubeletClaim, KubeletEmulator, KubeletError
 from services.allocation.cdi import spec_files
 from services.allocation.dra.checkpoint import ClaimState
-from services.devcluster.kubelet import KubeletClaim, KubeletEmulator, KubeletError
 from services.discovery.backends import sim
 from shared.bus import codec
 from shared.pb.drasuite.v1 import inventory_pb2

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from services.devcluster.apiserver import APIServerEmulator
-from services.devcluster.natsserver import NATSServerProcess
+from devcluster.apiserver import APIServerEmulator
+from devcluster.natsserver import NATSServerProcess
 from shared.bus import codec
 from shared.bus.connection import Bus
 from shared.config import KubeSettings, NATSSettings

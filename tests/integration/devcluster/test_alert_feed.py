@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from services.devcluster import flow
+from devcluster import flow
 from shared.bus import codec
 from shared.bus.connection import Bus
 from shared.pb.drasuite.v1 import alert_pb2

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from services.devcluster import scheduler
-from services.devcluster.apiserver import APIServerEmulator, ClusterConfig
-from services.devcluster.natsserver import NATSServerProcess
+from devcluster import scheduler
+from devcluster.apiserver import APIServerEmulator, ClusterConfig
+from devcluster.natsserver import NATSServerProcess
 from services.discovery.agent import DiscoveryAgent
 from services.discovery.backends import sim
 from services.discovery.config import DiscoveryConfig

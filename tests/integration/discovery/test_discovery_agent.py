@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from services.devcluster.apiserver import APIServerEmulator
-from services.devcluster.natsserver import NATSServerProcess
+from devcluster.apiserver import APIServerEmulator
+from devcluster.natsserver import NATSServerProcess
 from services.discovery.agent import DiscoveryAgent
 from services.discovery.backends import sim
 from services.discovery.config import DiscoveryConfig

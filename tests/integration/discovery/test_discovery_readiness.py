@@ -10,8 +10,8 @@ import socket
 import aiohttp
 import pytest
 
-from services.devcluster import flow
-from services.devcluster.apiserver import APIServerEmulator
+from devcluster import flow
+from devcluster.apiserver import APIServerEmulator
 from services.discovery.agent import DiscoveryAgent
 from services.discovery.backends import sim
 from services.discovery.config import DiscoveryConfig

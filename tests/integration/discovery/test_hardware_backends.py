@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from services.devcluster.apiserver import APIServerEmulator, ClusterConfig
+from devcluster.apiserver import APIServerEmulator, ClusterConfig
 from services.discovery import backends, cli
 from services.discovery.agent import DiscoveryAgent
 from services.discovery.config import DiscoveryConfig

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from services.devcluster.apiserver import APIServerEmulator
+from devcluster.apiserver import APIServerEmulator
 from services.discovery import apirules, inventory, layout
 from services.discovery.backends import sim
 from services.discovery.reconciler import DEVICES_DROPPED, SliceReconciler

@@ -12,7 +12,7 @@ import asyncio
 
 import pytest
 
-from services.devcluster.apiserver import APIServerEmulator
+from devcluster.apiserver import APIServerEmulator
 from services.discovery import cli as discovery_cli
 from services.discovery.agent import DiscoveryAgent
 from services.discovery.backends import sim

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from services.devcluster.apiserver import APIServerEmulator
+from devcluster.apiserver import APIServerEmulator
 from services.dractl import classes, cli
 from shared.config import KubeSettings
 from shared.kube import resources

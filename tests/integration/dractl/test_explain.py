@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from services.devcluster.apiserver import APIServerEmulator
+from devcluster.apiserver import APIServerEmulator
 from services.dractl import cli, explain
 from shared.config import KubeSettings
 from shared.kube import resources

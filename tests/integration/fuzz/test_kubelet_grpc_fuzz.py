@@ -29,10 +29,10 @@ from google.protobuf.message import DecodeError
 from hypothesis import given
 from hypothesis import strategies as st
 
+from devcluster.kubelet import KubeletEmulator
 from services.allocation.cdi import spec_files
 from services.allocation.dra.agent import AllocationAgent
 from services.allocation.dra.checkpoint import safe_uid
-from services.devcluster.kubelet import KubeletEmulator
 from shared.pb.kubelet.dra.v1 import api_pb2 as v1
 from shared.pb.kubelet.dra.v1 import api_pb2_grpc as v1_grpc
 from shared.pb.kubelet.dra.v1beta1 import api_pb2 as v1beta1

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from services.devcluster.apiserver import APIServerEmulator
+from devcluster.apiserver import APIServerEmulator
 from services.health import taints
 from services.health.agent import HealthAgent
 from services.health.config import HealthConfig

@@ -13,7 +13,7 @@ import pytest
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from services.devcluster.apiserver import ClusterConfig
+from devcluster.apiserver import ClusterConfig
 from services.health import taints
 from shared import telemetry
 from shared.bus import codec

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from services.devcluster.natsserver import NATSServerProcess
+from devcluster.natsserver import NATSServerProcess
 from services.health.monitors.sim import SimMonitor
 from services.health.policy import Taint
 from shared.config import NATSSettings

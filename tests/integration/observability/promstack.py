@@ -22,7 +22,7 @@ import aiohttp
 import pytest
 import yaml
 
-from services.devcluster.processes import ChildProcess
+from devcluster.processes import ChildProcess
 
 __all__ = [
     "ALERTMANAGER_NAMES",

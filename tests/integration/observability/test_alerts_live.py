@@ -22,12 +22,12 @@ from typing import Any, TypeVar
 
 import pytest
 
-from services.devcluster import flow
-from services.devcluster.kubelet import KubeletClaim, KubeletEmulator
-from services.devcluster.natsserver import NATSServerProcess
-from services.devcluster.stack import AGENTS, LocalStack, StackConfig
-from services.dractl.session import open_bus
+from devcluster import flow
+from devcluster.kubelet import KubeletClaim, KubeletEmulator
+from devcluster.natsserver import NATSServerProcess
+from devcluster.stack import AGENTS, LocalStack, StackConfig
 from services.health.webhook import ALERTNAME
+from shared.bus.session import open_bus
 from tests.integration.observability.promstack import (
     RULE_COPY_LABEL,
     RULES,

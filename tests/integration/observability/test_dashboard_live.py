@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from services.devcluster import flow
-from services.devcluster.kubelet import KubeletEmulator
-from services.devcluster.stack import AGENTS, LocalStack, StackConfig
-from services.dractl.session import open_bus
+from devcluster import flow
+from devcluster.kubelet import KubeletEmulator
+from devcluster.stack import AGENTS, LocalStack, StackConfig
+from shared.bus.session import open_bus
 from tests.integration.observability.promstack import Binaries, Prometheus
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180)]

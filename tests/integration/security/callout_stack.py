@@ -19,9 +19,9 @@ import nats.aio.client
 import nats.errors
 import nkeys  # type: ignore[import-untyped]  # ships no type hints
 
-from services.devcluster.apiserver import APIServerEmulator
-from services.devcluster.natsauth import AuthCallout, ServerAuth, ServerTLS
-from services.devcluster.natsserver import NATSServerProcess
+from devcluster.apiserver import APIServerEmulator
+from devcluster.natsauth import AuthCallout, ServerAuth, ServerTLS
+from devcluster.natsserver import NATSServerProcess
 from services.natsauth.agent import AuthService
 from services.natsauth.config import AuthServiceConfig
 from services.natsauth.keys import SigningKey, XKey, new_signing_seed, new_xkey_seed

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import structlog
 
-from services.devcluster.natsauth import ServerAuth
-from services.devcluster.natsserver import NATSServerProcess
+from devcluster.natsauth import ServerAuth
+from devcluster.natsserver import NATSServerProcess
 from tests.integration.security.secure_nats import PKI
 
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from services.devcluster.natsauth import ServerAuth, ServerTLS
-from services.devcluster.natsserver import NATSServerProcess
-from services.devcluster.processes import ChildProcess
+from devcluster.natsauth import ServerAuth, ServerTLS
+from devcluster.natsserver import NATSServerProcess
+from devcluster.processes import ChildProcess
 from shared.bus import codec
 from shared.bus.connection import Bus
 from shared.config import KubeSettings, NATSSettings

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from services.devcluster.apiserver import APIServerEmulator
-from services.devcluster.processes import ChildProcess
+from devcluster.apiserver import APIServerEmulator
+from devcluster.processes import ChildProcess
 from services.discovery.agent import DiscoveryAgent
 from services.discovery.config import DiscoveryConfig
 from services.dractl import queries

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from services.devcluster.apiserver import APIServerEmulator
+from devcluster.apiserver import APIServerEmulator
 from services.natsauth.tokenreview import KubeTokenReviewer
 from shared.kube.client import KubeClient
 from tests.integration.security.callout_stack import callout_stack, connected

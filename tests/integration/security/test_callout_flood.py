@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from bench.junk_connects import FloodProcess
-from services.devcluster.apiserver import APIServerEmulator
+from devcluster.apiserver import APIServerEmulator
 from services.natsauth.tokenreview import KubeTokenReviewer
 from shared.kube.client import KubeClient
 from tests.integration.security.callout_stack import NODES, callout_stack, connected

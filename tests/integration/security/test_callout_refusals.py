@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from services.devcluster.apiserver import APIServerEmulator
+from devcluster.apiserver import APIServerEmulator
 from shared.bus.subjects import Names
 from tests.integration.security.callout_stack import (
     DRIVER,

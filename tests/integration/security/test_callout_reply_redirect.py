@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from nats.aio.msg import Msg
 
-from services.devcluster.apiserver import APIServerEmulator
+from devcluster.apiserver import APIServerEmulator
 from shared.bus import kv
 from shared.bus.subjects import Names
 from tests.integration.security.callout_stack import (

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from services.devcluster.apiserver import APIServerEmulator
+from devcluster.apiserver import APIServerEmulator
 from services.natsauth.agent import AuthService
 from shared.bus.connection import Bus
 from shared.supervisor import run_agent

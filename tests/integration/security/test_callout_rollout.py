@@ -17,8 +17,8 @@ from typing import Any
 import nats
 import pytest
 
-from services.devcluster.apiserver import APIServerEmulator
-from services.devcluster.natsserver import NATSServerProcess
+from devcluster.apiserver import APIServerEmulator
+from devcluster.natsserver import NATSServerProcess
 from services.discovery.agent import DiscoveryAgent
 from services.discovery.config import DiscoveryConfig
 from services.dractl import queries

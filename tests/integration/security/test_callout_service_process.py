@@ -12,8 +12,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from services.devcluster.apiserver import APIServerEmulator
-from services.devcluster.processes import ChildProcess
+from devcluster.apiserver import APIServerEmulator
+from devcluster.processes import ChildProcess
 from tests.integration.security.callout_stack import (
     DRIVER,
     callout_stack,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from services.devcluster.apiserver import APIServerEmulator
-from services.devcluster.natsauth import ServerTLS
+from devcluster.apiserver import APIServerEmulator
+from devcluster.natsauth import ServerTLS
 from tests.integration.security.callout_stack import DRIVER, callout_stack, connected
 
 pytestmark = pytest.mark.integration

@@ -19,8 +19,8 @@ import nats.js.errors
 import pytest
 from nats.js import api
 
-from services.devcluster.apiserver import APIServerEmulator
-from services.devcluster.natsserver import NATSServerProcess
+from devcluster.apiserver import APIServerEmulator
+from devcluster.natsserver import NATSServerProcess
 from services.natsauth import migration
 from shared.bus import convergence, kv, streams
 from shared.bus.subjects import Names

@@ -20,8 +20,8 @@ from typing import Any
 import nats
 import pytest
 
+from devcluster.apiserver import APIServerEmulator
 from services.allocation.node_view.inventory_cache import BACKEND_MISMATCH
-from services.devcluster.apiserver import APIServerEmulator
 from shared import metrics
 from shared.bus import codec
 from shared.bus.connection import Bus

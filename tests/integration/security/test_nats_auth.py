@@ -17,9 +17,9 @@ from typing import Any
 import nkeys  # type: ignore[import-untyped]  # ships no type hints
 import pytest
 
-from services.devcluster.natsauth import ServerAuth
-from services.devcluster.natsjwt import Operator, new_nkey
-from services.devcluster.natsserver import NATSServerProcess
+from devcluster.natsauth import ServerAuth
+from devcluster.natsjwt import Operator, new_nkey
+from devcluster.natsserver import NATSServerProcess
 from shared.config import NATSSettings
 from tests.integration.security.secure_nats import eventually, exercise, logged, running_bus
 

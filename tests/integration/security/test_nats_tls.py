@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from services.devcluster.natsauth import ServerAuth, ServerTLS
-from services.devcluster.natsserver import NATSServerProcess
+from devcluster.natsauth import ServerAuth, ServerTLS
+from devcluster.natsserver import NATSServerProcess
 from shared.config import NATSSettings
 from tests.integration.security.secure_nats import (
     PKI,

@@ -19,8 +19,8 @@ import nats.aio.client
 import nats.errors
 import pytest
 
-from services.devcluster.natsauth import ServerAuth, ServerTLS
-from services.devcluster.natsserver import NATSServerProcess
+from devcluster.natsauth import ServerAuth, ServerTLS
+from devcluster.natsserver import NATSServerProcess
 from shared.bus import auth
 from shared.config import NATSSettings
 from tests.integration.security.secure_nats import PKI, eventually, running_bus

@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from devcluster.apiserver import kubeconfig
 from services.allocation.cdi.spec_files import CDIWriter
 from services.allocation.dra import nesting
 from services.allocation.dra.checkpoint import CheckpointStore, PreparedClaim
 from services.allocation.dra.claims import ClaimReader, ClaimRef
 from services.allocation.dra.preparer import ClaimPreparer
-from services.devcluster.apiserver import kubeconfig
 from shared.config import KubeSettings
 from shared.errors import ClaimError
 from shared.kube.client import KubeClient

@@ -11,13 +11,13 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from devcluster.apiserver.config import ClusterConfig
+from devcluster.apiserver.registry import Registry
+from devcluster.apiserver.validation import Validator
 from services.allocator.allocator import Cluster
 from services.allocator.errors import ClaimError
 from services.allocator.explanation import explain
 from services.allocator.request import read_claim
-from services.devcluster.apiserver.config import ClusterConfig
-from services.devcluster.apiserver.registry import Registry
-from services.devcluster.apiserver.validation import Validator
 from shared import quantity
 
 DRIVER = "sim.dra-suite.io"

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from services.devcluster import scheduler
+from devcluster import scheduler
 from services.discovery import inventory, slices
 from services.discovery.backends.sim import SimBackend
 from tests.unit.deploy.manifests import KUSTOMIZE, _docs

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 import functools
 import re
+import tomllib
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -198,6 +199,30 @@ def test_dockerfile_copies_kept_sources_and_runs_without_entrypoint_as_non_root(
     user = [line.split()[1] for line in lines if line.startswith("USER ")]
     assert user, "USER is set"
     assert not user[-1].startswith(("0", "root"))
+
+
+def test_the_dev_cluster_is_in_neither_the_wheel_nor_the_production_image() -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    include = project["tool"]["setuptools"]["packages"]["find"]["include"]
+    packaged = [
+        p
+        for p in ("services.allocation", "shared.bus", "devcluster", "devcluster.apiserver")
+        if any(fnmatch.fnmatchcase(p, pattern) for pattern in include)
+    ]
+    assert packaged == ["services.allocation", "shared.bus"]  # setuptools' find, its patterns
+
+    stages: dict[str, list[str]] = {}
+    for line in (REPO / "Dockerfile").read_text().splitlines():
+        if line.startswith("FROM "):
+            stages[line.split()[-1]] = []
+        elif stages:
+            stages[list(stages)[-1]].append(line)
+    *_, default = stages
+    assert default == "production"
+    copies_devcluster = [n for n, lines in stages.items() if any("devcluster " in x for x in lines)]
+    assert copies_devcluster == ["devcluster"]
+    assert "devcluster" not in [line.split()[1] for line in stages["production"] if line.strip()]
+    assert _compose()["x-dra-image"]["build"]["target"] == "devcluster"
 
 
 # --- Grafana (the dashboards themselves: test_dashboard.py) ---------------------------------

@@ -1,7 +1,7 @@
 """The example claims the devcluster scheduler does not allocate on the sim slices as such:
 prioritized fallbacks, GPU + NIC on one PCIe root, a MIG partition, admin access, capacity
 requests, tolerations and opaque config; and the partition / vNPU / sharing DeviceClasses.
-Selectors are evaluated with real CEL (celpy, through `services.devcluster.scheduler`)."""
+Selectors are evaluated with real CEL (celpy, through `devcluster.scheduler`)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from devcluster import scheduler
 from services.allocation.dra import opaque
-from services.devcluster import scheduler
 from services.discovery import inventory, slices
 from services.discovery.backends import nvml
 from services.discovery.backends.sim import SimBackend

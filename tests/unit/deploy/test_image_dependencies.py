@@ -136,7 +136,7 @@ for module in sys.argv[2:]:
         importlib.import_module(module)
     except Exception as exc:
         failed[module] = f"{type(exc).__name__}: {exc}"
-from services.devcluster.apiserver.schema import schema_set
+from devcluster.apiserver.schema import schema_set
 try:
     schema_set("1.36")
     emulator = "loaded"

@@ -14,7 +14,7 @@ import pytest
 from kubernetes_validate import utils as kv_utils
 from referencing import Registry, Resource
 
-from services.devcluster.apiserver import APIServerEmulator
+from devcluster.apiserver import APIServerEmulator
 
 # --- kustomize files ----------------------------------------------------------------------
 from tests.unit.deploy.manifests import (

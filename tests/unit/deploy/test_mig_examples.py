@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from devcluster import scheduler
 from services.allocation.cdi import spec_files
 from services.allocation.cdi.spec_files import CDIWriter
 from services.allocation.dra.checkpoint import CheckpointStore, ClaimState
@@ -25,7 +26,6 @@ from services.allocation.dra.claims import ClaimReader, ClaimRef
 from services.allocation.dra.preparer import ClaimPreparer
 from services.allocation.partitions.by_backend import CompositePartitionManager
 from services.allocation.partitions.mig import MigPartitionManager
-from services.devcluster import scheduler
 from services.discovery import inventory, slices
 from services.discovery.backends import nvml
 from services.discovery.backends.sysfs import Sysfs

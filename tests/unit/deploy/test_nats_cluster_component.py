@@ -18,8 +18,8 @@ import kubernetes_validate
 import pytest
 import trustme
 
-from services.devcluster.natscluster import free_port
-from services.devcluster.natsserver import NATSServerProcess
+from devcluster.natscluster import free_port
+from devcluster.natsserver import NATSServerProcess
 from tests.unit.deploy.manifests import (
     CONFIG_BUILDERS,
     KUBE_VERSIONS,

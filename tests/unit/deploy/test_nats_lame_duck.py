@@ -14,7 +14,7 @@ from typing import Any
 import nats
 import pytest
 
-from services.devcluster.natsserver import NATSServerProcess, find_binary
+from devcluster.natsserver import NATSServerProcess, find_binary
 from tests.unit.deploy.manifests import KUSTOMIZE, _docs
 
 GRACE_S = 1  # lame_duck_grace_period here; nats-server's default is 10 s

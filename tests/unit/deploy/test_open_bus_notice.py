@@ -1,4 +1,4 @@
-"""The open bus exists only in the development stacks, and each says so: `dra-suite up` prints
+"""The open bus exists only in the development stacks, and each says so: `devcluster up` prints
 the warning first, the compose file carries it where its NATS and agents are declared, and
 neither gives its agents bus credentials that would suggest otherwise."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import yaml
 
-from services.devcluster import up
-from services.devcluster.stack import AGENTS, OPEN_BUS_WARNING, StackConfig
+from devcluster import up
+from devcluster.stack import AGENTS, OPEN_BUS_WARNING, StackConfig
 from tests.unit.deploy.manifests import NATS_AUTH_ENV, REPO
 
 

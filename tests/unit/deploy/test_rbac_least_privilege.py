@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from services.devcluster import flow
-from services.devcluster.apiserver import APIServerEmulator
-from services.devcluster.apiserver.config import ClusterConfig
-from services.devcluster.kubelet import KubeletEmulator
-from services.devcluster.stack import AGENTS, LocalStack, StackConfig
-from services.dractl.session import open_bus
+from devcluster import flow
+from devcluster.apiserver import APIServerEmulator
+from devcluster.apiserver.config import ClusterConfig
+from devcluster.kubelet import KubeletEmulator
+from devcluster.stack import AGENTS, LocalStack, StackConfig
+from shared.bus.session import open_bus
 from tests.unit.deploy.manifests import OBJECTS, PATCHES, SIM, _of_kind
 
 pytestmark = pytest.mark.integration

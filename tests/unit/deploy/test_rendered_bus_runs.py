@@ -26,9 +26,9 @@ import pytest
 import trustme
 import yaml
 
-from services.devcluster.apiserver import APIServerEmulator
-from services.devcluster.apiserver.config import ClusterConfig
-from services.devcluster.natsserver import NATSServerProcess
+from devcluster.apiserver import APIServerEmulator
+from devcluster.apiserver.config import ClusterConfig
+from devcluster.natsserver import NATSServerProcess
 from services.natsauth import cli as auth_cli
 from services.natsauth.agent import AuthService
 from shared.bus import signing

@@ -23,7 +23,7 @@ import nkeys  # type: ignore[import-untyped]  # ships no type hints
 import pytest
 import trustme
 
-from services.devcluster.natsserver import NATSServerProcess
+from devcluster.natsserver import NATSServerProcess
 from tests.unit.deploy.manifests import (
     AUTH_KEY_CONFIGMAP,
     AUTH_KEY_FILE,

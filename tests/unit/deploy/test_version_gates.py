@@ -21,7 +21,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from services.devcluster.apiserver import APIServerEmulator, ClusterConfig
+from devcluster.apiserver import APIServerEmulator, ClusterConfig
 from tests.unit.deploy.manifests import (
     COMPONENTS,
     KUBE_VERSIONS,

@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from devcluster import scheduler
 from services.allocation.cdi import spec_files
 from services.allocation.cdi.spec_files import CDIWriter
 from services.allocation.dra import opaque
@@ -25,7 +26,6 @@ from services.allocation.dra.preparer import ClaimPreparer
 from services.allocation.metadata.files import MetadataFiles
 from services.allocation.vfio.binder import VfioBinder
 from services.allocation.vfio.ledger import VfioLedger
-from services.devcluster import scheduler
 from services.discovery import inventory, slices
 from services.discovery.backends.sim import SimBackend
 from services.discovery.backends.sysfs import Sysfs

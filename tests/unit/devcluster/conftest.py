@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from kubernetes_asyncio import client, config
 
-from services.devcluster.apiserver import APIServerEmulator, ClusterConfig
+from devcluster.apiserver import APIServerEmulator, ClusterConfig
 
 SliceFactory = Callable[..., dict[str, Any]]
 

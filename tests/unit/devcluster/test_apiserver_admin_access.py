@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from services.devcluster.apiserver import APIError, APIServerEmulator, ClusterConfig
+from devcluster.apiserver import APIError, APIServerEmulator, ClusterConfig
 
 LABEL = "resource.kubernetes.io/admin-access"
 FORBIDDEN = (

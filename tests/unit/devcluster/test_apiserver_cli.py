@@ -1,4 +1,4 @@
-"""`python -m services.devcluster.apiserver` as a process: ready line, kubeconfig, SIGTERM."""
+"""`python -m devcluster.apiserver` as a process: ready line, kubeconfig, SIGTERM."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from shared.kube.client import KubeClient
 async def test_module_entry_point_serves_until_sigterm(tmp_path: Path):
     kubeconfig = tmp_path / "kc"
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.devcluster.apiserver", "--port", "0",
+        sys.executable, "-m", "devcluster.apiserver", "--port", "0",
         "--kubeconfig", str(kubeconfig), "--kubernetes-version", "1.35",
         "--feature-gates", "DRADeviceTaintRules=true",
         stdout=asyncio.subprocess.PIPE,
@@ -53,7 +53,7 @@ async def test_with_a_certificate_it_serves_https_and_the_kubeconfig_names_the_c
     issued.private_key_pem.write_to_path(str(key_file))
     kubeconfig = tmp_path / "kc"
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.devcluster.apiserver", "--port", "0",
+        sys.executable, "-m", "devcluster.apiserver", "--port", "0",
         "--kubeconfig", str(kubeconfig), "--tls-cert-file", str(cert_file),
         "--tls-key-file", str(key_file), "--tls-ca-file", str(ca_file),
         stdout=asyncio.subprocess.PIPE,
@@ -83,7 +83,7 @@ async def test_with_a_certificate_it_serves_https_and_the_kubeconfig_names_the_c
 
 async def test_an_unreadable_certificate_is_a_clear_error_at_start(tmp_path: Path):
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.devcluster.apiserver",
+        sys.executable, "-m", "devcluster.apiserver",
         "--tls-cert-file", str(tmp_path / "missing.pem"),
         stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip

@@ -11,7 +11,7 @@ import pytest
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from services.devcluster.apiserver import APIError, APIServerEmulator, ClusterConfig
+from devcluster.apiserver import APIError, APIServerEmulator, ClusterConfig
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"

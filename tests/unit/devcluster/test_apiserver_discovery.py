@@ -8,7 +8,7 @@ import aiohttp
 import pytest
 from kubernetes_asyncio import client
 
-from services.devcluster.apiserver import APIServerEmulator, ClusterConfig
+from devcluster.apiserver import APIServerEmulator, ClusterConfig
 
 
 async def _get(server: APIServerEmulator, path: str) -> tuple[int, dict[str, Any]]:

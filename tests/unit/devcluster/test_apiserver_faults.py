@@ -9,7 +9,7 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from services.devcluster.apiserver import FaultRule
+from devcluster.apiserver import FaultRule
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 

@@ -11,7 +11,7 @@ import jwt
 import pytest
 from kubernetes_asyncio import client
 
-from services.devcluster.apiserver import APIServerEmulator
+from devcluster.apiserver import APIServerEmulator
 
 NS = "dra-suite"
 AUDIENCE = "nats.dra-suite.io"

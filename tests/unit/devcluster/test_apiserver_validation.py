@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from services.devcluster.apiserver import APIError, APIServerEmulator, ClusterConfig
+from devcluster.apiserver import APIError, APIServerEmulator, ClusterConfig
 
 Mutation = Callable[[dict[str, Any]], None]
 TAINT = {"key": "example.com/unhealthy", "effect": "NoSchedule"}

@@ -13,8 +13,8 @@ import pytest
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from services.devcluster.apiserver import APIServerEmulator, ClusterConfig
-from services.devcluster.apiserver.store import Store
+from devcluster.apiserver import APIServerEmulator, ClusterConfig
+from devcluster.apiserver.store import Store
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 

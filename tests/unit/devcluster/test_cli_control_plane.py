@@ -1,4 +1,4 @@
-"""`dra-suite up|demo --control-plane`: what is refused before anything starts. The CLI runs
+"""`devcluster up|demo --control-plane`: what is refused before anything starts. The CLI runs
 as its own process (it configures logging for its whole process)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-_CLI = "from services.devcluster.cli import main; main()"
+_CLI = "from devcluster.cli import main; main()"
 
 
 def _dra_suite(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

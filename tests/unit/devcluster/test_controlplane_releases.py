@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from services.devcluster.controlplane import releases
-from services.devcluster.controlplane.build import (
+from devcluster.controlplane import releases
+from devcluster.controlplane.build import (
     ControlPlaneNotBuiltError,
     cache_root,
     cached_binaries,
 )
-from services.devcluster.controlplane.releases import RELEASES, release, tools_dir
+from devcluster.controlplane.releases import RELEASES, release, tools_dir
 
 _REPLACE = re.compile(r"^\s*(k8s\.io/[\w.-]+) => (k8s\.io/[\w.-]+) (v[\w.-]+)$", re.M)
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from services.devcluster import extra
+from devcluster import extra
 
 REPO = Path(__file__).resolve().parents[3]
-_DRA_SUITE = str(Path(sys.executable).parent / "dra-suite")
+_DEVCLUSTER = (sys.executable, "-m", "devcluster")
 
 
 @pytest.fixture
@@ -43,20 +43,21 @@ def test_demo_and_up_say_what_is_missing_in_one_line(
 ):
     workdir = tmp_path / "stack"
     done = subprocess.run(
-        [_DRA_SUITE, command, "--workdir", str(workdir)],
+        [*_DEVCLUSTER, command, "--workdir", str(workdir)],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
         env=without_the_extra,
+        cwd=REPO,
     )
-    _one_line(done, "dra-suite")
+    _one_line(done, "devcluster")
     assert not workdir.exists()  # nothing was started
 
 
 def test_the_emulator_alone_says_it_too(without_the_extra: dict[str, str]):
     done = subprocess.run(
-        [sys.executable, "-m", "services.devcluster.apiserver", "--port", "0"],
+        [sys.executable, "-m", "devcluster.apiserver", "--port", "0"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from services.devcluster.natsauth import AuthCallout, JWTTrust, ServerAuth, ServerTLS, render_config
-from services.devcluster.natsserver import NATSServerProcess
+from devcluster.natsauth import AuthCallout, JWTTrust, ServerAuth, ServerTLS, render_config
+from devcluster.natsserver import NATSServerProcess
 
 
 def test_users_nkeys_and_mutual_tls_render_into_one_config():

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from services.devcluster.scheduler import (
+from devcluster.scheduler import (
     AllocationResult,
     SelectorError,
     UnsatisfiableError,

@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from services.allocator import capacity
-from services.allocator.device import Device
-from services.devcluster.scheduler import (
+from devcluster.scheduler import (
     AllocationResult,
     UnsatisfiableError,
     allocate,
     allocated_results,
 )
+from services.allocator import capacity
+from services.allocator.device import Device
 from shared import quantity
 
 DRIVER = "sim.dra-suite.io"

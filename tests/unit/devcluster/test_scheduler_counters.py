@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from services.devcluster.scheduler import (
+from devcluster.scheduler import (
     AllocationResult,
     UnsatisfiableError,
     allocate,

@@ -7,9 +7,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from devcluster.natsserver import NATSServerProcess
+from devcluster.stack import BACKEND, LocalStack, StackConfig
 from services.allocation import cli as allocation_cli
-from services.devcluster.natsserver import NATSServerProcess
-from services.devcluster.stack import BACKEND, LocalStack, StackConfig
 from services.discovery import cli as discovery_cli
 
 

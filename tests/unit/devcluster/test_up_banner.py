@@ -1,4 +1,4 @@
-"""`dra-suite up` suggests commands that run as printed: the venv's scripts by their path (a
+"""`devcluster up` suggests commands that run as printed: the venv's scripts by their path (a
 venv is on PATH only once activated), not bare names a fresh shell cannot find."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from services.devcluster import up
-from services.devcluster.stack import AGENTS, StackConfig
+from devcluster import up
+from devcluster.stack import AGENTS, StackConfig
 
 
 def _banner(config: StackConfig) -> str:
@@ -35,7 +35,8 @@ def test_every_suggested_command_runs_as_printed(tmp_path: Path):
     text = _banner(StackConfig(workdir=tmp_path))
     suggested = text.split("try:\n", 1)[1].splitlines()[1:-1]  # after the export line
     commands = [line.split()[0] for line in suggested]
-    assert {Path(c).name for c in commands} == {"dractl", "dra-suite"}
+    assert {Path(c).name for c in commands} == {"dractl", "python"}
+    assert all(line.split()[1:3] == ["-m", "devcluster"] for line in suggested if "python" in line)
     for command in commands:
         assert "/" in command, f"{command} is only found on PATH"
         assert os.access(command, os.X_OK), command

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from services.devcluster import workdir
-from services.devcluster.workdir import OrphanedProcessesError, WorkdirBusyError, WorkdirLock
+from devcluster import workdir
+from devcluster.workdir import OrphanedProcessesError, WorkdirBusyError, WorkdirLock
 
 
 def test_a_second_lock_on_a_held_work_dir_names_the_holder(tmp_path: Path) -> None:
@@ -56,7 +56,7 @@ def test_endpoints_are_read_only_while_a_stack_holds_the_dir(tmp_path: Path) -> 
 _HOLDER = """
 import subprocess, sys, time
 from pathlib import Path
-from services.devcluster.workdir import WorkdirLock
+from devcluster.workdir import WorkdirLock
 lock = WorkdirLock(Path(sys.argv[1]))
 lock.acquire()
 child = subprocess.Popen(["sleep", "60"], start_new_session=True)
@@ -67,7 +67,7 @@ time.sleep(60)
 
 
 def test_processes_a_killed_holder_left_running_are_named_and_refused(tmp_path: Path) -> None:
-    """`kill -9` of `dra-suite up` leaves its children (own process groups) running: the next
+    """`kill -9` of `devcluster up` leaves its children (own process groups) running: the next
     stack must not start beside them (a second nats-server on the same store)."""
     where = tmp_path / "up"
     holder = subprocess.Popen(

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from services.devcluster.apiserver import APIServerEmulator
+from devcluster.apiserver import APIServerEmulator
 from services.discovery import events, inventory, scanreport
 from services.discovery.backends import sim
 from services.discovery.scanner import DeviceScanner

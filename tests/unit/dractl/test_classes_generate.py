@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
+from devcluster.apiserver import claim_rules, naming
+from devcluster.apiserver.schema import schema_set
 from services.allocator import selector
 from services.allocator.device import Device
 from services.allocator.pool import Inventory
-from services.devcluster.apiserver import claim_rules, naming
-from services.devcluster.apiserver.schema import schema_set
 from services.discovery import apirules
 from services.discovery.backends import Scan
 from services.discovery.backends.sim import SimBackend

@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from services.devcluster.apiserver import ClusterConfig
-from services.devcluster.apiserver.registry import Registry
-from services.devcluster.apiserver.validation import Validator
+from devcluster.apiserver import ClusterConfig
+from devcluster.apiserver.registry import Registry
+from devcluster.apiserver.validation import Validator
 from services.health import events
 from services.health.events import DeviceEvent
 

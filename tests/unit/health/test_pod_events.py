@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.devcluster.apiserver import ClusterConfig
-from services.devcluster.apiserver.registry import Registry
-from services.devcluster.apiserver.validation import Validator
+from devcluster.apiserver import ClusterConfig
+from devcluster.apiserver.registry import Registry
+from devcluster.apiserver.validation import Validator
 from services.health import events, pod_events
 from services.health.events import DeviceEvent
 from services.health.pod_events import PodRef

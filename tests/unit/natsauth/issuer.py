@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from services.devcluster.apiserver.tokensigner import ISSUER, TokenIssuer
+from devcluster.apiserver.tokensigner import ISSUER, TokenIssuer
 from services.natsauth.keyset import DISCOVERY_PATH, JWKS_TYPE
 from shared.errors import KubeTransientError
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.devcluster.apiserver.tokensigner import TokenIssuer
+from devcluster.apiserver.tokensigner import TokenIssuer
 from services.natsauth.keyset import IssuerKeys
 from services.natsauth.ratelimit import SourceLimiter
 from services.natsauth.reviewcache import ReviewCache

@@ -13,8 +13,8 @@ import structlog
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
-from services.devcluster.natscluster import NATSCluster
-from services.devcluster.natsserver import NATSServerProcess
+from devcluster.natscluster import NATSCluster
+from devcluster.natsserver import NATSServerProcess
 from shared import telemetry
 from shared.bus import kv
 from shared.bus.connection import Bus

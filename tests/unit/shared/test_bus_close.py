@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from services.devcluster.natsserver import NATSServerProcess
+from devcluster.natsserver import NATSServerProcess
 from shared.bus.connection import Bus
 from shared.config import NATSSettings
 

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from aiohttp import web
 
-from services.devcluster.apiserver import kubeconfig
+from devcluster.apiserver import kubeconfig
 from shared.config import KubeSettings
 from shared.kube.client import KubeClient
 from shared.kube.transport import environment_proxy

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from services.devcluster.apiserver import kubeconfig
+from devcluster.apiserver import kubeconfig
 from shared.config import KubeSettings
 from shared.errors import KubeError, KubeTransientError
 from shared.kube import resources

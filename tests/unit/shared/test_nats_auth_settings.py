@@ -12,8 +12,8 @@ import nkeys  # type: ignore[import-untyped]  # ships no type hints
 import pytest
 import trustme
 
+from devcluster.natsjwt import Operator, new_nkey
 from services.allocation import cli as allocation_cli
-from services.devcluster.natsjwt import Operator, new_nkey
 from services.discovery import cli as discovery_cli
 from services.dractl import cli as dractl_cli
 from services.health import cli as health_cli

@@ -1,8 +1,0 @@
-"""`python -m services.devcluster.controlplane [MINOR ...|all]`: build the real control plane
-(what `make k8s` runs); see `build.main`."""
-
-import sys
-
-from services.devcluster.controlplane.build import main
-
-sys.exit(main())

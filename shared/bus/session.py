@@ -1,0 +1,36 @@
+"""A short-lived NATS session (a dractl command, a dev-cluster flow): connect with a deadline,
+then drain."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from shared.bus.connection import Bus
+from shared.config import NATSSettings
+from shared.errors import BusUnavailableError
+from shared.redaction import redact_url
+
+__all__ = ["open_bus"]
+
+
+@contextlib.asynccontextmanager
+async def open_bus(
+    settings: NATSSettings, *, timeout_s: float = 5.0, name: str = "dractl"
+) -> AsyncIterator[Bus]:
+    bus = Bus(settings, name=name, component="operator")
+    connector = asyncio.create_task(bus.run(), name="bus-connector")
+    try:
+        try:
+            await asyncio.wait_for(bus.connected.wait(), timeout_s)
+        except TimeoutError as exc:
+            raise BusUnavailableError(
+                f"cannot reach NATS at {redact_url(settings.url)} within {timeout_s}s"
+            ) from exc
+        yield bus
+    finally:
+        await bus.close()
+        connector.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await connector
