@@ -39,15 +39,16 @@ import structlog
 from services.allocation import instruments
 from services.allocation.cdi import allowlist
 from services.allocation.cdi.spec_files import CDIWriter
-from services.allocation.dra import batch, echo
-from services.allocation.dra.checkpoint import (
+from services.allocation.claim import echo
+from services.allocation.dra import batch
+from services.allocation.claim.checkpoint import (
     CheckpointStore,
     ClaimState,
     PreparedClaim,
     PreparedPartition,
     safe_uid,
 )
-from services.allocation.dra.claims import AllocatedClaim, ClaimRef, PodRef
+from services.allocation.claim.claims import AllocatedClaim, ClaimRef, PodRef
 from services.allocation.dra.planning import CLAIM_UID_ENV, DEVICES_ENV, find_device, plan
 from services.allocation.dra.serialize import InstanceLock
 from services.allocation.metadata.files import MetadataFiles
@@ -474,15 +475,20 @@ class ClaimPreparer:
         self._crash_point("metadata-written")
 
     async def _write_spec(self, record: PreparedClaim) -> None:
-        """The metadata files first, then the CDI spec that mounts them."""
+        """The CDI spec and the metadata files it mounts."""
         if record.cdi_spec is None:
             return
         with _step("allocation.cdi_write", record.uid):
             await self._write_spec_files(record)
 
     async def _write_spec_files(self, record: PreparedClaim) -> None:
+        # Concurrently: no runtime reads the spec before the kubelet has the answer, which
+        # waits for both, and a crash between the two leaves a claim `_written` finds
+        # incomplete (a record) or an orphan recovery removes (none).
+        await _all_or_first_error(self._write_metadata(record), self._write_cdi_spec(record))
+
+    async def _write_cdi_spec(self, record: PreparedClaim) -> None:
         assert record.cdi_spec is not None  # checked by _write_spec
-        await self._write_metadata(record)
         try:
             await self._cdi.write(record.uid, record.cdi_spec)
         except OSError as exc:

@@ -5,10 +5,11 @@ written atomically (a runtime never reads half a file). The preparer writes them
 spec that mounts them and removes them after the spec at unprepare; recovery removes
 temporaries and the directories of claims without a record.
 
-`durable=False` skips the fsyncs: after a power loss a file may be empty. Recovery then
-compares every file of a completed claim with its record (`matches`) and rewrites it; the
-reboot that comes with a power loss also wipes the CDI specs under /var/run/cdi, which are
-rewritten with them.
+`durable=False` (the agent's choice) skips the fsyncs: after a power loss a file may be empty,
+and a removed directory may be back. Recovery then compares every file of a completed claim
+with its record (`matches`) and rewrites it, and removes the directories of claims without a
+record; the reboot that comes with a power loss also wipes the CDI specs under /var/run/cdi,
+which are rewritten with them.
 """
 
 from __future__ import annotations
@@ -80,7 +81,8 @@ class MetadataFiles:
         if not directory.exists():
             return False
         shutil.rmtree(directory)
-        atomicfile.fsync_dir(self.root)
+        if self.durable:
+            atomicfile.fsync_dir(self.root)
         return True
 
     def claim_uids(self) -> list[str]:
