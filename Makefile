@@ -37,11 +37,14 @@ e2e: venv
 reliability: venv
 	$(BIN)/pytest -q tests/reliability
 
+## ruff, the format check, mypy strict, the import contracts, and docs/ built as a site in strict
+## mode (mkdocs.yml). No --quiet there: in MkDocs 1.6 it hides strict's warnings (mkdocs#4126).
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(BIN)/mkdocs build --strict --site-dir build/site
 
 fmt: venv
 	$(BIN)/ruff check --fix .

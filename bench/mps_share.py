@@ -23,8 +23,8 @@ from typing import Any
 
 from bench.stats import percentile
 from services.allocation.cdi.spec_files import CDIWriter
-from services.allocation.dra.checkpoint import CheckpointStore
-from services.allocation.dra.claims import ClaimReader, ClaimRef
+from services.allocation.claim.checkpoint import CheckpointStore
+from services.allocation.claim.claims import ClaimReader, ClaimRef
 from services.allocation.dra.preparer import ClaimPreparer
 from services.allocation.mps.daemons import MpsDaemons
 from shared.kube.resources import ResourceType

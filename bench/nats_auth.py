@@ -39,7 +39,7 @@ from devcluster.natsserver import NATSServerProcess
 from services.natsauth.agent import AuthService
 from services.natsauth.config import AuthServiceConfig
 from services.natsauth.keys import SigningKey, XKey, new_signing_seed, new_xkey_seed
-from shared.bus import auth
+from shared import nats_auth
 from shared.bus.subjects import Names
 from shared.config import KubeSettings, LogSettings, NATSSettings
 from shared.logging import configure as configure_logging
@@ -134,7 +134,7 @@ async def _connects(settings: NATSSettings, *, count: int) -> list[float]:
         started = time.perf_counter()
         nc = await nats.connect(
             settings.url, inbox_prefix=inbox, allow_reconnect=False,
-            **auth.connect_options(settings),
+            **nats_auth.connect_options(settings),
         )  # fmt: skip
         samples.append((time.perf_counter() - started) * 1000)
         await nc.close()
@@ -145,7 +145,7 @@ async def _burst(settings: NATSSettings) -> tuple[float, int]:
     """Seconds until `BURST` clients connecting at once are all answered, and how many of
     them were refused."""
     inbox = Names(settings.namespace).inbox_prefix("health", _NODE)
-    options = auth.connect_options(settings)
+    options = nats_auth.connect_options(settings)
     started = time.perf_counter()
     answers = await asyncio.gather(*(
         nats.connect(settings.url, inbox_prefix=inbox, allow_reconnect=False,
@@ -165,7 +165,7 @@ async def _connect_once(settings: NATSSettings) -> float | None:
     try:
         nc = await nats.connect(
             settings.url, inbox_prefix=inbox, allow_reconnect=False, connect_timeout=5,
-            max_reconnect_attempts=0, **auth.connect_options(settings),
+            max_reconnect_attempts=0, **nats_auth.connect_options(settings),
         )  # fmt: skip
     except (nats.errors.Error, OSError):
         return None

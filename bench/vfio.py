@@ -27,8 +27,8 @@ from typing import Any
 from bench.cdi_dir import node_like_cdi_dir
 from bench.stats import percentile
 from services.allocation.cdi.spec_files import CDIWriter
-from services.allocation.dra.checkpoint import CheckpointStore
-from services.allocation.dra.claims import AllocatedClaim, ClaimRef, DeviceResult, OpaqueConfig
+from services.allocation.claim.checkpoint import CheckpointStore
+from services.allocation.claim.claims import AllocatedClaim, ClaimRef, DeviceResult, OpaqueConfig
 from services.allocation.dra.preparer import ClaimPreparer
 from services.allocation.metadata.files import MetadataFiles
 from services.allocation.vfio.binder import VfioBinder

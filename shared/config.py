@@ -17,8 +17,7 @@ from typing import Any, TypeVar
 
 from nacl.signing import VerifyKey
 
-from shared import resource
-from shared.bus import auth, signing
+from shared import nats_auth, resource, signature_settings
 from shared.errors import ConfigError
 
 __all__ = [
@@ -60,7 +59,7 @@ def env_name(flag: str) -> str:
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class NATSSettings:
     """Where NATS is, and one way to authenticate (user/password, token, nkey, .creds or URL
-    userinfo) plus optional TLS. Building it reads every file it names (`shared.bus.auth`):
+    userinfo) plus optional TLS. Building it reads every file it names (`shared.nats_auth`):
     a missing, empty or malformed secret file is a ConfigError (exit 2) before any connect."""
 
     url: str = setting(
@@ -167,7 +166,7 @@ class NATSSettings:
             raise ConfigError("nats watch heartbeat must be positive", field="watch_heartbeat_s")
         self._check_auth_combination()
         self._check_signatures()
-        auth.check(self)
+        nats_auth.check(self)
 
     def _check_auth_combination(self) -> None:
         """One way to authenticate, each complete; errors name flags, never values."""
@@ -190,7 +189,7 @@ class NATSSettings:
             "--nats-token": bool(self.token or self.token_file),
             "--nats-nkey-seed-file": bool(self.nkey_seed_file),
             "--nats-creds-file": bool(self.creds_file),
-            "credentials in --nats-url": auth.url_has_userinfo(self.url),
+            "credentials in --nats-url": nats_auth.url_has_userinfo(self.url),
         }
         chosen = [name for name, given in methods.items() if given]
         if len(chosen) > 1:
@@ -204,26 +203,26 @@ class NATSSettings:
             )
 
     def _check_signatures(self) -> None:
-        if self.bus_signatures not in signing.MODES:
+        if self.bus_signatures not in signature_settings.MODES:
             raise ConfigError(
                 f"--bus-signatures {self.bus_signatures!r} is not one of off, accept, enforce",
                 field="bus_signatures",
             )
-        if self.bus_signatures != signing.OFF:
+        if self.bus_signatures != signature_settings.OFF:
             self.auth_key()
 
     def auth_key(self) -> VerifyKey | None:
         """The auth service's certify key, read from its file now; None with signatures off."""
-        if self.bus_signatures == signing.OFF:
+        if self.bus_signatures == signature_settings.OFF:
             return None
         if not self.bus_auth_key_file:
             raise ConfigError(
                 f"--bus-signatures {self.bus_signatures} needs --bus-auth-key-file",
                 field="bus_auth_key_file",
             )
-        text = auth.read_secret(self.bus_auth_key_file, what="bus auth key file")
+        text = nats_auth.read_secret(self.bus_auth_key_file, what="bus auth key file")
         try:
-            return signing.decode_auth_key(text)
+            return signature_settings.decode_auth_key(text)
         except ValueError as exc:
             raise ConfigError(
                 f"bus auth key file {self.bus_auth_key_file}: {exc}", field="bus_auth_key_file"

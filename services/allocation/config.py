@@ -10,7 +10,7 @@ import dataclasses
 import re
 from pathlib import Path
 
-from services.allocation.deviceplugin import resources
+from services.allocation.resource_names import parse_overrides
 from shared.config import (
     KubeSettings,
     LogSettings,
@@ -184,7 +184,7 @@ class AllocationConfig:
         help="device-plugin front: resource names by device kind or default name, e.g. "
         "npu=huawei.com/Ascend910,gpu=nvidia.com/gpu. Empty: the backend's defaults.",
     )
-    """Parsed by `resources.parse_overrides`; see `device_plugin_overrides`."""
+    """Parsed by `resource_names.parse_overrides`; see `device_plugin_overrides`."""
     device_metadata: str = setting(
         "auto",
         flag="--device-metadata",
@@ -262,7 +262,7 @@ class AllocationConfig:
                 field="kubelet_api",
             )
         try:
-            resources.parse_overrides(self.device_plugin_resources)
+            parse_overrides(self.device_plugin_resources)
         except ValueError as exc:
             raise ConfigError(
                 f"device plugin resources: {exc}", field="device_plugin_resources"
@@ -282,7 +282,7 @@ class AllocationConfig:
     @property
     def device_plugin_overrides(self) -> dict[str, str]:
         """Resource names by device kind or default resource name (device-plugin front)."""
-        return resources.parse_overrides(self.device_plugin_resources)
+        return parse_overrides(self.device_plugin_resources)
 
     @property
     def pool_name(self) -> str:

@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from services.allocator.allocator import Attempt, Cluster
 from services.allocator.errors import AllocatorError
 from services.allocator.exclusion import Rule
+from services.allocator.node_report import DeviceVerdict, NodeReport
 from services.allocator.request import Alternative, ClaimSpec, Request
-
-if TYPE_CHECKING:
-    from services.allocator.explanation import DeviceVerdict, NodeReport
 
 __all__ = ["suggest"]
 

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.allocation.deviceplugin import resources as deviceplugin
+from services.allocation.resource_names import RESOURCE_NAME
 from services.allocator.device import Device
 from shared.pb.drasuite.v1 import inventory_pb2
 
@@ -356,7 +357,7 @@ def _plugin_resources(c: _Class, *, backend: str | None) -> list[str]:
         )
         for device in c.devices
     }
-    return sorted(n for n in names if n is not None and deviceplugin.RESOURCE_NAME.match(n))
+    return sorted(n for n in names if n is not None and RESOURCE_NAME.match(n))
 
 
 def _inventory_device(device: Device) -> inventory_pb2.Device:

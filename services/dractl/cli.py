@@ -1,10 +1,11 @@
-"""dractl command line: `inventory`, `health`, `claims`, `fault inject|clear`, `drain`,
-`undrain`, `alerts`, `explain`, `classes generate`, `completion`. `inventory` and `health`
-read one node, or the fleet with `--all-nodes` or a glob in `--node-name` (`'gpu-node-*'`).
+"""dractl command line: the global flags, then the command, one module each
+(`registry.COMMANDS`: `inventory`, `health`, `claims`, `fault inject|clear`, `drain`,
+`undrain`, `alerts`, `explain`, `classes generate`, `completion`), which adds its own flags and
+runs itself.
 
-The only dractl module that reads argv and the environment. Global flags go before or after
-the subcommand (`dractl inventory -o json`). NATS flags have env twins like the agents'
-(`--nats-url` <-> `NATS_URL`); `--node-name` defaults to NODE_NAME, else this host's name.
+The only dractl module that reads argv. Global flags go before or after the subcommand
+(`dractl inventory -o json`). NATS flags have env twins like the agents' (`--nats-url` <->
+`NATS_URL`); `--node-name` defaults to NODE_NAME, else this host's name.
 """
 
 from __future__ import annotations
@@ -13,22 +14,21 @@ import argparse
 import asyncio
 import dataclasses
 import os
-import shutil
 import socket
 import sys
 import typing
 from importlib import metadata
 from typing import Any, NoReturn
 
-from services.dractl import classes, commands, completion, explain
-from shared import logging, telemetry
-from shared.bus.session import open_bus
-from shared.config import LogSettings, NATSSettings, TelemetrySettings, env_name, from_args
+from services.dractl.output import FORMATS
+from services.dractl.registry import COMMANDS
+from services.dractl.subcommands import Subcommands
+from shared import logging
+from shared.config import LogSettings, NATSSettings, env_name
 from shared.errors import DraSuiteError
 
 __all__ = ["main"]
 
-OUTPUTS = ("table", "wide", "json", "yaml")
 _DESCRIPTION = (
     "What the dra-suite agents published on NATS (inventory, health, prepared claims, alerts), "
     "and an operator's requests to them (faults, drains). Global flags go before or after the "
@@ -72,7 +72,7 @@ def _global_flags(parser: argparse.ArgumentParser, *, top: bool) -> None:
         help="the DRA driver [env DRIVER_NAME; default sim.dra-suite.io]",
     )
     parser.add_argument(
-        "-o", "--output", choices=OUTPUTS, default=default("table"), help="output format"
+        "-o", "--output", choices=FORMATS, default=default("table"), help="output format"
     )
     parser.add_argument(
         "--otlp-endpoint",
@@ -102,41 +102,10 @@ def _parser() -> argparse.ArgumentParser:
     _global_flags(parser, top=True)
     below = _Parser(add_help=False)
     _global_flags(below, top=False)
-    subcommands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    def command(name: str, text: str) -> argparse.ArgumentParser:
-        return subcommands.add_parser(name, help=text, description=text, parents=[below])
-
-    for name, text in (
-        ("inventory", "devices the discovery agent published"),
-        ("health", "health of every device, as the health agent recorded it"),
-    ):
-        command(name, text).add_argument(
-            "-A",
-            "--all-nodes",
-            action="store_true",
-            help="every node of the driver (a NODE column); --node-name may be a glob",
-        )
-    claims = command("claims", "claims prepared on a node (all nodes without --node)")
-    claims.add_argument("--node", help="only this node's claims")
-    fault = command("fault", "inject or clear a fault on a sim device")
-    fault.add_argument("action", choices=("inject", "clear"))
-    fault.add_argument("device")
-    fault.add_argument("--cause", default="injected")
-    fault.add_argument("--code", default="")
-    fault.add_argument("--message", default="")
-    drain = command("drain", "taint a device by hand (<driver>/drain)")
-    drain.add_argument("device")
-    drain.add_argument("--reason", default="manual drain", help="kept on the DeviceTaintRule")
-    undrain = command("undrain", "remove a device's manual drain taint")
-    undrain.add_argument("device")
-    alerts = command("alerts", "ops alerts from the alert stream")
-    alerts.add_argument("--follow", "-f", action="store_true")
-    alerts.add_argument("--last", type=int, default=20)
-    explain.register(subcommands, parents=[below])
-    classes.register(subcommands, parents=[below])
-    shell = subcommands.add_parser("completion", help="a shell completion script")
-    shell.add_argument("shell", choices=completion.SHELLS)
+    action = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    subcommands = Subcommands(parser, action, global_flags=below)
+    for command in COMMANDS:
+        command.register(subcommands)
     return parser
 
 
@@ -147,31 +116,11 @@ def _version() -> str:
         return "unknown"
 
 
-async def _run(args: argparse.Namespace, output: commands.Output) -> int:
-    if args.command == "explain":  # reads the API server, not the bus
-        return await explain.run(args)
-    if args.command == "classes":  # so does this one
-        return await classes.run(args)
-    settings = from_args(NATSSettings, args, os.environ)
-    telemetry.configure(
-        TelemetrySettings(otlp_endpoint=args.otlp_endpoint),
-        service="dractl",
-        node=args.node_name,
-        driver=args.driver_name,
-        environ=os.environ,
-    )
-    try:
-        async with open_bus(settings, timeout_s=settings.connect_timeout_s) as bus:
-            return await commands.run(bus, args, output)
-    finally:
-        telemetry.shutdown()
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
-        code = _main(parser, args)
+        code = _main(args)
         sys.stdout.flush()
     except BrokenPipeError:
         # `dractl ... | head` closed the pipe: the reader has what it wanted, so no traceback
@@ -182,19 +131,15 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(code)
 
 
-def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    if args.command == "completion":
-        sys.stdout.write(completion.script(parser, shell=args.shell, outputs=OUTPUTS))
-        return 0
+def _main(args: argparse.Namespace) -> int:
     # stdout carries only the answer (`dractl -o json ... | jq`); logs go to stderr, and only
     # errors unless asked for.
     # Without --verbose, not even the connection's warnings: an unreachable NATS is one line.
     level = "info" if args.verbose else "error"
     logging.configure(LogSettings(level=level, format="console"), service="dractl")
-    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
-    output = commands.Output(format=args.output, out=sys.stdout, err=sys.stderr, width=width)
+    command = {c.NAME: c for c in COMMANDS}[args.command]
     try:
-        return asyncio.run(_run(args, output))
+        return asyncio.run(command.run(args, out=sys.stdout, err=sys.stderr))
     except DraSuiteError as exc:
         print(f"dractl: {exc}", file=sys.stderr)
         return 1

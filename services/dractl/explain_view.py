@@ -5,12 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
-from services.allocator.explanation import (
-    AlternativeReport,
-    Explanation,
-    NodeReport,
-    PodExplanation,
-)
+from services.allocator.explanation import Explanation, PodExplanation
+from services.allocator.node_report import AlternativeReport, NodeReport
 
 __all__ = ["as_data", "table"]
 

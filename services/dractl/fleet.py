@@ -1,104 +1,73 @@
-"""What dractl reads across nodes: every node's inventory and health records, in one pass.
+"""What dractl reads across nodes (`inventory` and `health` with `--all-nodes`, or a glob in
+`--node-name`): the latest value of every key of the driver, in one pass.
 
-One ordered consumer per bucket replays the latest value of every key of the driver (a
-request per key would take minutes on 5,000 nodes), and `--node-name` takes a glob. A value
-that names another driver or node than its key is skipped with a line on stderr, as for one
-node. Read-only: a missing bucket is "no data yet", never created.
+One ordered consumer per bucket replays them (a request per key would take minutes on 5,000
+nodes). A value that names another driver or node than its key is skipped with a line on
+stderr, as for one node. Read-only: a missing bucket is "no data yet", never created.
 """
 
 from __future__ import annotations
 
-import asyncio
+import argparse
 import fnmatch
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TypeVar
 
-import nats.errors
-import nats.js.errors
 from google.protobuf.message import Message
-from nats.aio.msg import Msg
-from nats.js import api
 
 from services.dractl import queries
-from shared.bus import codec
+from shared.bus import codec, reading
 from shared.bus.connection import Bus
 from shared.bus.subjects import token
-from shared.errors import BusUnavailableError, MalformedMessageError
-from shared.pb.drasuite.v1 import health_pb2, inventory_pb2
+from shared.errors import MalformedMessageError
+from shared.pb.drasuite.v1 import inventory_pb2
 
-__all__ = ["FleetHealth", "health", "inventories", "is_glob"]
+__all__ = ["add_all_nodes_flag", "decoded", "inventories", "is_glob", "latest", "node_glob"]
 
 M = TypeVar("M", bound=Message)
 _GLOB = frozenset("*?[")
-_READ_TIMEOUT_S = 30.0
+
+
+def add_all_nodes_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-A",
+        "--all-nodes",
+        action="store_true",
+        help="every node of the driver (a NODE column); --node-name may be a glob",
+    )
 
 
 def is_glob(node: str) -> bool:
     return any(char in _GLOB for char in node)
 
 
-@dataclass(frozen=True, slots=True)
-class FleetHealth:
-    records: list[health_pb2.DeviceHealth]
-    """Every record of the matching nodes, and an UNKNOWN one for each inventory device that
-    has none yet."""
-    nodes: int
-    counts: Counter[str] = field(default_factory=Counter)
-    """healthy / unhealthy / unknown devices."""
+def node_glob(args: argparse.Namespace) -> str | None:
+    """The nodes asked about when more than one: `--node-name` when it is a glob, every node
+    (`*`) with `--all-nodes`; None for one node."""
+    if is_glob(args.node_name):
+        return str(args.node_name)
+    return "*" if args.all_nodes else None
 
 
-async def _latest(bus: Bus, bucket: str, driver: str) -> list[tuple[str, bytes]]:
-    """(key, value) of every live key of `driver` in `bucket`, from one ordered consumer."""
-    prefix = bus.names.kv_subject(bucket, "")
-    found: dict[str, bytes] = {}
-    done = asyncio.Event()
-
-    async def collect(msg: Msg) -> None:
-        key = msg.subject[len(prefix) :]
-        operation = (msg.headers or {}).get("KV-Operation")
-        if operation in ("DEL", "PURGE"):
-            found.pop(key, None)
-        else:
-            found[key] = msg.data
-        if msg.metadata.num_pending == 0:
-            done.set()
-
-    try:
-        info = await bus.js.stream_info(bus.names.kv_stream(bucket))
-        if info.state.messages == 0:
-            return []
-        subscription = await bus.js.subscribe(
-            bus.names.kv_subject(bucket, f"{token(driver)}.>"),
-            stream=bus.names.kv_stream(bucket),
-            cb=collect,
-            ordered_consumer=True,
-            deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
-        )
-        try:
-            # No key of this driver: the consumer has nothing to deliver, and says so.
-            consumer = await subscription.consumer_info()
-            delivered = consumer.delivered.consumer_seq if consumer.delivered else 0
-            if consumer.num_pending == 0 and not delivered:
-                return []
-            await asyncio.wait_for(done.wait(), _READ_TIMEOUT_S)
-        finally:
-            await subscription.unsubscribe()
-    except nats.js.errors.NotFoundError:
-        return []
-    except (nats.errors.Error, TimeoutError) as exc:
-        raise BusUnavailableError(f"kv bucket {bucket}: {exc}", subject=bucket) from exc
-    return sorted(found.items())
+def where(glob: str, *, driver: str) -> str:
+    """Which nodes were asked about, for an empty listing's message."""
+    return f"matching {glob}" if glob != "*" else f"for driver {driver}"
 
 
-def _decoded(
+async def latest(bus: Bus, bucket: str, driver: str) -> list[tuple[str, bytes]]:
+    """(key, value) of every live key of `driver` in `bucket`."""
+    return await reading.latest_values(bus, bucket, f"{token(driver)}.>")
+
+
+def decoded(
     entries: list[tuple[str, bytes]],
     kind: type[M],
     *,
     node_glob: str,
     skipped: Callable[[MalformedMessageError], None],
 ) -> list[M]:
+    """The values of `entries` of the nodes matching `node_glob`; one that does not decode or
+    names another key's driver or node goes to `skipped`."""
     messages = []
     for key, data in entries:
         try:
@@ -120,40 +89,6 @@ async def inventories(
     skipped: Callable[[MalformedMessageError], None] = queries.to_stderr,
 ) -> list[inventory_pb2.Inventory]:
     """Every matching node's inventory, by node name."""
-    entries = await _latest(bus, bus.names.inventory_bucket, driver)
-    found = _decoded(entries, inventory_pb2.Inventory, node_glob=node_glob, skipped=skipped)
+    entries = await latest(bus, bus.names.inventory_bucket, driver)
+    found = decoded(entries, inventory_pb2.Inventory, node_glob=node_glob, skipped=skipped)
     return sorted(found, key=lambda inv: inv.node)
-
-
-async def health(
-    bus: Bus,
-    *,
-    driver: str,
-    node_glob: str = "*",
-    skipped: Callable[[MalformedMessageError], None] = queries.to_stderr,
-) -> FleetHealth:
-    """Every matching node's health records, with the devices no record covers yet."""
-    nodes, entries = await asyncio.gather(
-        inventories(bus, driver=driver, node_glob=node_glob, skipped=skipped),
-        _latest(bus, bus.names.health_bucket, driver),
-    )
-    records = _decoded(entries, health_pb2.DeviceHealth, node_glob=node_glob, skipped=skipped)
-    seen = {(r.node, r.device) for r in records}
-    for inv in nodes:
-        records += [
-            health_pb2.DeviceHealth(driver=driver, node=inv.node, pool=inv.pool, device=d.name)
-            for d in inv.devices
-            if (inv.node, d.name) not in seen
-        ]
-    records.sort(key=lambda r: (r.node, r.device))
-    counts: Counter[str] = Counter({"healthy": 0, "unhealthy": 0, "unknown": 0})
-    for record in records:
-        match record.state:
-            case health_pb2.HEALTH_STATE_HEALTHY:
-                counts["healthy"] += 1
-            case health_pb2.HEALTH_STATE_UNHEALTHY:
-                counts["unhealthy"] += 1
-            case _:
-                counts["unknown"] += 1
-    node_names = {inv.node for inv in nodes} | {r.node for r in records}
-    return FleetHealth(records=records, nodes=len(node_names), counts=counts)

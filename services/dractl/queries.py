@@ -3,6 +3,8 @@
 Read-only commands only bind to buckets and streams, never create them: a bucket that does
 not exist means "no data yet". A node or driver that has no inventory does not exist as far
 as the bus knows, and says so (NoSuchNodeError) instead of answering with an empty table.
+The commands share these questions (`claims` asks for health, `health` for the inventory),
+and tests and benchmarks ask them directly. NATS itself is reached through `shared.bus`.
 """
 
 from __future__ import annotations
@@ -13,17 +15,12 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
-import nats.errors
-import nats.js.errors
 from google.protobuf.message import Message
-from nats.aio.msg import Msg
-from nats.js import api
-from nats.js.kv import KeyValue
 
 from shared import telemetry
-from shared.bus import codec
+from shared.bus import codec, reading
 from shared.bus.connection import Bus
-from shared.bus.kv import checked as checked_bucket
+from shared.bus.reading import ReadOnlyBucket, StreamMessage
 from shared.bus.subjects import token
 from shared.errors import BusUnavailableError, DraSuiteError, MalformedMessageError
 from shared.pb.drasuite.v1 import alert_pb2, claim_pb2, health_pb2, inventory_pb2
@@ -66,40 +63,15 @@ def to_stderr(exc: MalformedMessageError) -> None:
     print(f"dractl: skipped: {exc}", file=sys.stderr, flush=True)
 
 
-async def _bind(bus: Bus, bucket: str) -> KeyValue | None:
-    """The bucket if it exists; never creates it (read-only commands leave no trace)."""
-    try:
-        return checked_bucket(bus, bucket, await bus.js.key_value(bucket))
-    except nats.js.errors.BucketNotFoundError:
-        return None
-    except (nats.errors.Error, TimeoutError) as exc:
-        raise BusUnavailableError(f"kv bucket {bucket}: {exc}", subject=bucket) from exc
-
-
-async def _keys(kv: KeyValue) -> list[str]:
-    try:
-        return sorted(await kv.keys())
-    except nats.js.errors.NoKeysError:
-        return []
-
-
-async def _value(kv: KeyValue, key: str) -> bytes | None:
-    try:
-        entry = await kv.get(key)
-    except nats.js.errors.KeyNotFoundError:
-        return None
-    return entry.value
-
-
 async def _decode_all(
-    kv: KeyValue,
+    kv: ReadOnlyBucket,
     keys: list[str],
     kind: type[M],
     skipped: Callable[[MalformedMessageError], None],
 ) -> list[M]:
     messages = []
     for key in keys:
-        data = await _value(kv, key)
+        data = await kv.value(key)
         if not data:
             continue
         try:
@@ -124,10 +96,10 @@ def check_key(message: Message, key: str) -> None:
         )
 
 
-async def _known_nodes(kv: KeyValue, driver: str) -> list[str]:
+async def _known_nodes(kv: ReadOnlyBucket, driver: str) -> list[str]:
     """The nodes with an inventory for `driver`, by name (decoded from a few values)."""
     prefix = f"{token(driver)}."
-    keys = [key for key in await _keys(kv) if key.startswith(prefix)]
+    keys = [key for key in await kv.keys() if key.startswith(prefix)]
     named = await _decode_all(kv, keys[:_NAMED_NODES], inventory_pb2.Inventory, lambda _: None)
     return [inv.node for inv in named] + (["..."] if len(keys) > _NAMED_NODES else [])
 
@@ -135,13 +107,13 @@ async def _known_nodes(kv: KeyValue, driver: str) -> list[str]:
 async def inventory(bus: Bus, *, driver: str, node: str) -> inventory_pb2.Inventory:
     """The node's inventory; NoDataError / NoSuchNodeError when the bus has none."""
     bucket = bus.names.inventory_bucket
-    kv = await _bind(bus, bucket)
+    kv = await reading.bind_bucket(bus, bucket)
     if kv is None:
         raise NoDataError(
             f"no data yet: no agent has published an inventory on this bus (no bucket {bucket})"
         )
     key = bus.names.inventory_key(driver, node)
-    data = await _value(kv, key)
+    data = await kv.value(key)
     if not data:
         nodes = await _known_nodes(kv, driver)
         if not nodes:
@@ -165,7 +137,7 @@ async def health(
     skipped: Callable[[MalformedMessageError], None] = to_stderr,
 ) -> list[health_pb2.DeviceHealth]:
     """The node's health records; none for a node the bus does not know is NoSuchNodeError."""
-    kv = await _bind(bus, bus.names.health_bucket)
+    kv = await reading.bind_bucket(bus, bus.names.health_bucket)
     keys = bus.names.health_keys(driver, node)
     records = await _node_values(kv, keys, health_pb2.DeviceHealth, skipped) if kv else []
     if not records:
@@ -182,7 +154,7 @@ async def claims(
 ) -> list[claim_pb2.PreparedClaim]:
     """Claims prepared on `node`, or on every node of `driver`; none for a node the bus does
     not know is NoSuchNodeError."""
-    kv = await _bind(bus, bus.names.claims_bucket)
+    kv = await reading.bind_bucket(bus, bus.names.claims_bucket)
     keys = bus.names.claim_keys(driver, node) if node else f"{token(driver)}.*.*"
     prepared = await _node_values(kv, keys, claim_pb2.PreparedClaim, skipped) if kv else []
     if not prepared and node is not None:
@@ -193,7 +165,7 @@ async def claims(
 
 
 async def _require_driver(bus: Bus, driver: str) -> None:
-    kv = await _bind(bus, bus.names.inventory_bucket)
+    kv = await reading.bind_bucket(bus, bus.names.inventory_bucket)
     if kv is None:
         raise NoDataError(
             "no data yet: no agent has published an inventory on this bus "
@@ -204,10 +176,13 @@ async def _require_driver(bus: Bus, driver: str) -> None:
 
 
 async def _node_values(
-    kv: KeyValue, filter_: str, kind: type[M], skipped: Callable[[MalformedMessageError], None]
+    kv: ReadOnlyBucket,
+    filter_: str,
+    kind: type[M],
+    skipped: Callable[[MalformedMessageError], None],
 ) -> list[M]:
     # Not `keys(filters=...)`: nats-py matches those as substrings, not as subjects.
-    keys = [key for key in await _keys(kv) if _matches(key, filter_)]
+    keys = [key for key in await kv.keys() if _matches(key, filter_)]
     return await _decode_all(kv, keys, kind, skipped)
 
 
@@ -236,13 +211,12 @@ async def _control(bus: Bus, subject: str, data: bytes, *, what: str) -> dict[st
     return answer
 
 
-async def _stream_appeared(bus: Bus, stream: str) -> api.StreamInfo:
+async def _stream_appeared(bus: Bus, stream: str) -> reading.StreamState:
     while True:
         await asyncio.sleep(_STREAM_POLL_S)
-        try:
-            return await bus.js.stream_info(stream)
-        except nats.js.errors.NotFoundError:
-            continue
+        state = await reading.stream_state(bus, stream)
+        if state is not None:
+            return state
 
 
 async def inject_fault(
@@ -276,29 +250,21 @@ async def alerts(
     where nothing was published it is NoDataError. Binding only: dractl never creates it.
     """
     stream = bus.names.alerts_stream
-    try:
-        info = await bus.js.stream_info(stream)
-    except nats.js.errors.NotFoundError as exc:
-        if await _bind(bus, bus.names.inventory_bucket) is None:
-            raise NoDataError(f"no alerts yet (no stream {stream} on this bus)") from exc
+    state = await reading.stream_state(bus, stream)
+    if state is None:
+        if await reading.bind_bucket(bus, bus.names.inventory_bucket) is None:
+            raise NoDataError(f"no alerts yet (no stream {stream} on this bus)")
         if not follow:
             return
-        info = await _stream_appeared(bus, stream)
-    start = max(info.state.first_seq, info.state.last_seq - last + 1)
-    subscription = await bus.js.subscribe(
-        bus.names.alerts_wildcard,
-        stream=stream,
-        ordered_consumer=True,
-        config=api.ConsumerConfig(
-            deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start
-        ),
-    )
-    try:
-        pending = info.state.last_seq - start + 1 if info.state.messages else 0
+        state = await _stream_appeared(bus, stream)
+    start = max(state.first_seq, state.last_seq - last + 1)
+    async with reading.read_stream(
+        bus, stream=stream, subjects=bus.names.alerts_wildcard, start_seq=start
+    ) as reader:
+        pending = state.last_seq - start + 1 if state.messages else 0
         while follow or pending > 0:
-            try:
-                msg = await subscription.next_msg(timeout=3600 if follow else 2.0)
-            except nats.errors.TimeoutError:
+            msg = await reader.next(timeout_s=3600 if follow else 2.0)
+            if msg is None:
                 if follow:
                     continue
                 return
@@ -312,22 +278,20 @@ async def alerts(
                 linked=pending >= 0,
                 attributes={"subject": msg.subject},
             ) as span:
-                alert = _alert(bus, msg, skipped)
+                alert = _alert(msg, skipped)
                 if span is not None and alert is not None:
                     span.set_attributes(
                         {"alert_id": alert.id, "node": alert.node, "device": alert.device}
                     )
             if alert is not None:
                 yield alert
-    finally:
-        await subscription.unsubscribe()
 
 
 def _alert(
-    bus: Bus, msg: Msg, skipped: Callable[[MalformedMessageError], None]
+    msg: StreamMessage, skipped: Callable[[MalformedMessageError], None]
 ) -> alert_pb2.Alert | None:
     """The alert `msg` holds; None (reported to `skipped`) when it holds none."""
-    check = bus.check_message(msg)
+    check = msg.check()
     if not check.ok:  # not signed by the node of its subject (signatures on)
         refused = f"{msg.subject}: {check.reason}"
         skipped(MalformedMessageError(refused, subject=msg.subject))

@@ -94,7 +94,7 @@ class HealthConfig:
         flag="--policy-file",
         help="YAML policy file (fault classes, effects, ignore lists); empty: built-in rules.",
     )
-    """Optional policy file; see the README section on the health policy."""
+    """Optional policy file; see docs/operations.md, "Health policy, taint keys and alerts"."""
 
     additional_xids_to_ignore: tuple[str, ...] = setting(
         (),

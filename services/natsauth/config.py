@@ -17,7 +17,7 @@ from typing import TypeVar
 import nkeys  # type: ignore[import-untyped]  # ships no type hints
 
 from services.natsauth.keys import NKeyError, SigningKey, XKey
-from shared.bus import auth
+from shared import nats_auth
 from shared.config import KubeSettings, LogSettings, NATSSettings, OpsSettings, setting
 from shared.errors import ConfigError
 
@@ -195,7 +195,7 @@ class AuthServiceConfig:
         """The SYS user's connection: the service's own server and TLS, another user."""
         if not self.sys_password_file:
             return None
-        auth.read_secret(self.sys_password_file, what="sys password file")
+        nats_auth.read_secret(self.sys_password_file, what="sys password file")
         return dataclasses.replace(
             self.nats, user=self.sys_user, password="", password_file=self.sys_password_file,
             token="", token_file="", nkey_seed_file="", creds_file="",
@@ -216,7 +216,7 @@ _Key = TypeVar("_Key")
 def _seed_key(path: str, *, field: str, kind: str, load: Callable[[str], _Key]) -> _Key:
     """The key whose seed `path` holds, read now; ConfigError naming the file otherwise."""
     what = field.removesuffix("_file").replace("_", " ") + " file"
-    seed = auth.read_secret(path, what=what)
+    seed = nats_auth.read_secret(path, what=what)
     try:
         return load(seed)
     except NKeyError as exc:

@@ -26,9 +26,9 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 
-from shared import metrics, telemetry
+from shared import metrics, nats_auth, telemetry
 from shared.backoff import Backoff
-from shared.bus import auth, convergence, origin, records, signing, streams
+from shared.bus import convergence, origin, records, signing, streams
 from shared.bus.subjects import Names
 from shared.cancellation import reraise_if_cancelling
 from shared.config import NATSSettings
@@ -77,7 +77,7 @@ def _classify(exc: Exception) -> tuple[str, str]:
         return "nats_auth_rejected", error
     if isinstance(exc, ssl.SSLError | ssl.CertificateError):
         return "nats_tls_failed", error
-    if isinstance(exc, auth.CredentialsUnreadableError):
+    if isinstance(exc, nats_auth.CredentialsUnreadableError):
         return "nats_credentials_unreadable", error
     return "nats_error", error
 
@@ -179,7 +179,7 @@ class Bus:
         log.info(
             "nats_connecting",
             servers=redact_url(self.settings.url),
-            auth=auth.auth_method(self.settings),
+            auth=nats_auth.auth_method(self.settings),
         )
         first = True
         while True:
@@ -204,7 +204,7 @@ class Bus:
             except (
                 *_UNAVAILABLE,
                 ConfigError,
-                auth.CredentialsUnreadableError,
+                nats_auth.CredentialsUnreadableError,
                 nkeys.NkeysError,
             ) as exc:
                 # A secret file that went bad since start (ConfigError) is retried as well:
@@ -220,7 +220,7 @@ class Bus:
 
     async def _connect_once(self) -> NATSClient:
         servers = [url.strip() for url in self.settings.url.split(",") if url.strip()]
-        options = auth.connect_options(self.settings)
+        options = nats_auth.connect_options(self.settings)
         if self.inbox_prefix:
             options["inbox_prefix"] = self.inbox_prefix
         # nats-py types these as int and takes floats (its own `nats.connect` is untyped).
@@ -291,7 +291,7 @@ class Bus:
             return
         # Rejected credentials or certificates do not heal by themselves: error, not warning.
         emit = log.warning if event == "nats_error" else log.error
-        emit(event, error=error, auth=auth.auth_method(self.settings), repeated=repeated)
+        emit(event, error=error, auth=nats_auth.auth_method(self.settings), repeated=repeated)
 
     async def _on_closed(self, nc: NATSClient) -> None:
         if nc is not self._nc:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from shared import metrics
+from shared import metrics, signature_settings
 from shared.bus import signing
 from shared.bus.subjects import Names, token
 from shared.config import NATSSettings
@@ -79,7 +79,9 @@ class Records:
         auth_key = settings.auth_key()
         self.verifier = signing.Verifier(auth_key) if auth_key is not None else None
         self.auth_key = auth_key
-        signs = self.mode != signing.OFF and role in signing.CERTIFIED_ROLES and bool(node)
+        signs = (
+            self.mode != signature_settings.OFF and role in signing.CERTIFIED_ROLES and bool(node)
+        )
         self.writer = signing.WriterKey() if signs else None
         self._dedup_secret = os.urandom(32)
         self._resigned: set[str] = set()
@@ -106,7 +108,7 @@ class Records:
         try:
             cert = self.verifier.verify(subject, data, found, owner=owner, stored_at=when)
         except signing.Rejected as exc:
-            if exc.reason == "unsigned" and self.mode == signing.ACCEPT:
+            if exc.reason == "unsigned" and self.mode == signature_settings.ACCEPT:
                 UNSIGNED.add(1)
                 return _TAKEN
             REJECTED.add(1, {"reason": exc.reason})

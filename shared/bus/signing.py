@@ -30,18 +30,12 @@ from typing import Protocol
 
 import nacl.exceptions
 import nacl.signing
-import nkeys  # type: ignore[import-untyped]  # ships no type hints
 
 from shared.bus.subjects import Writer, token
 
 __all__ = [
-    "ACCEPT",
-    "AUTH_KEY_PREFIX",
     "CERTIFIED_ROLES",
     "CERT_HEADER",
-    "ENFORCE",
-    "MODES",
-    "OFF",
     "PROOF_HEADER",
     "REASONS",
     "SIGNED_HEADERS",
@@ -53,17 +47,10 @@ __all__ = [
     "Verifier",
     "WriterKey",
     "certify_request",
-    "decode_auth_key",
-    "encode_auth_key",
     "issue_certificate",
     "read_certify_request",
     "record_message",
 ]
-
-OFF, ACCEPT, ENFORCE = "off", "accept", "enforce"
-MODES = (OFF, ACCEPT, ENFORCE)
-"""`--bus-signatures`: off (no signing, no checks: the open bus), accept (sign; verify what is
-signed, take unsigned records but count them), enforce (drop every record not signed right)."""
 
 CERT_HEADER = "Dra-Cert"
 SIG_HEADER = "Dra-Sig"
@@ -71,9 +58,6 @@ PROOF_HEADER = "Dra-Proof"
 SIGNED_HEADERS = ("KV-Operation", "Nats-TTL", "Nats-Msg-Id")
 """Headers that change what a record means; signed with it (trace headers are not)."""
 CERTIFIED_ROLES = ("discovery", "allocation", "health")
-AUTH_KEY_PREFIX = nkeys.PREFIX_BYTE_OPERATOR
-"""The auth key is written as an operator nkey (`O...`, seed `SO...`)."""
-
 REASONS = (
     "unsigned",
     "empty",
@@ -126,31 +110,6 @@ def _unb64(text: str, *, what: str, reason: str = "malformed") -> bytes:
         return base64.b64decode(text + "=" * (-len(text) % 4), altchars=b"-_", validate=True)
     except (binascii.Error, ValueError):
         raise Rejected(reason, f"{what} is not base64url") from None
-
-
-# The auth key as an nkey (base32 of prefix byte, 32 key bytes, CRC-16), like the Secret's
-# other public keys.
-
-
-def encode_auth_key(public: bytes) -> str:
-    raw = bytes([AUTH_KEY_PREFIX]) + public
-    checksum = bytes(nkeys.crc16_checksum(bytearray(raw)))
-    return base64.b32encode(raw + checksum).decode().rstrip("=")
-
-
-def decode_auth_key(text: str) -> nacl.signing.VerifyKey:
-    """The ed25519 key of an auth key `O...`; ValueError when it is none."""
-    text = text.strip()
-    try:
-        data = base64.b32decode(text + "=" * (-len(text) % 8))
-    except (binascii.Error, ValueError):
-        raise ValueError("the auth key is not a base32 nkey") from None
-    raw, checksum = data[:-2], data[-2:]
-    if len(raw) != 1 + _KEY_BYTES or bytes(nkeys.crc16_checksum(bytearray(raw))) != checksum:
-        raise ValueError("the auth key's checksum or length is wrong")
-    if raw[0] != AUTH_KEY_PREFIX:
-        raise ValueError("the auth key is not an operator nkey (O...)")
-    return nacl.signing.VerifyKey(raw[1:])
 
 
 @dataclass(frozen=True, slots=True)

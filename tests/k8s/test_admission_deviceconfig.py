@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
 from devcluster.controlplane.nodes import wait_for_service_account
-from services.allocation.dra import opaque
+from services.allocation.claim import opaque
 from shared.errors import InvalidOpaqueConfigError, KubeInvalidError, KubeNotFoundError
 from shared.kube.client import KubeClient
 from shared.kube.resources import DEVICE_CLASSES, RESOURCE_CLAIMS, ResourceType

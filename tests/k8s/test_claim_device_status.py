@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from devcluster.controlplane import RealControlPlane, register_node
-from services.allocation.dra.checkpoint import ClaimState, PreparedClaim, PreparedDevice
+from services.allocation.claim.checkpoint import ClaimState, PreparedClaim, PreparedDevice
 from services.allocation.node_view.health_board import HealthBoard
 from services.allocation.status.publisher import DeviceStatusPublisher
 from shared.config import KubeSettings

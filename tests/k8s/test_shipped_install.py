@@ -30,7 +30,7 @@ from services.discovery.backends import sim
 from services.discovery.config import DiscoveryConfig
 from services.natsauth import cli as auth_cli
 from services.natsauth import secrets as natsauth_secrets
-from shared.bus import signing
+from shared import signature_settings
 from shared.config import KubeSettings, NATSSettings
 from shared.errors import KubeError
 from shared.kube.client import KubeClient
@@ -238,8 +238,8 @@ async def _assert_pods_sign_and_enforce_with(admin: KubeClient, tmp_path: Path) 
             assert certify.public == auth_key["certify.pub"]
         else:
             nats = CONFIG_BUILDERS[container["name"]]([], env).nats
-            assert nats.bus_signatures == signing.ENFORCE, workload["metadata"]["name"]
-            assert nats.auth_key() == signing.decode_auth_key(auth_key["certify.pub"])
+            assert nats.bus_signatures == signature_settings.ENFORCE, workload["metadata"]["name"]
+            assert nats.auth_key() == signature_settings.decode_auth_key(auth_key["certify.pub"])
 
 
 async def test_the_documented_install_commands_make_what_the_pods_mount(

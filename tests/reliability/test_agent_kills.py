@@ -21,7 +21,7 @@ import pytest
 from devcluster.kubelet import KubeletClaim
 from devcluster.stack import AGENTS
 from services.allocation.cdi import spec_files
-from services.allocation.dra.checkpoint import CheckpointStore, ClaimState
+from services.allocation.claim.checkpoint import CheckpointStore, ClaimState
 from tests.reliability.harness import DRIVER, ReliabilityNode
 
 pytestmark = [pytest.mark.reliability, pytest.mark.timeout(120)]

@@ -50,7 +50,7 @@ EDIT_KINDS = ("device_node", "host_path", "env_name", "env_value", "mount", "hoo
 _SHOWN = 96  # characters of a rejected edit quoted in errors and logs
 _MAX_LISTED = 8  # rejected edits named in one claim's error
 
-# The driver's own variables, on every backend (cdi.edits, dra.opaque, shares of a device).
+# The driver's own variables, on every backend (cdi.edits, claim.opaque, shares of a device).
 _DRIVER_ENV = frozenset(
     {
         "DRA_SUITE_CLAIM_UID",

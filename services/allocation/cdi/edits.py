@@ -50,7 +50,7 @@ from typing import Protocol
 
 from services.allocation.cdi import allowlist, spec_files
 from services.allocation.cdi.spec_files import CDIDevice
-from services.allocation.dra import opaque
+from services.allocation.claim import opaque
 from services.allocation.partitions import Partition
 from shared import quantity
 from shared.errors import ClaimError

@@ -25,7 +25,7 @@ from typing import Any
 
 import structlog
 
-from services.allocation.dra.group_commit import DirectoryGroupCommit
+from services.allocation.claim.group_commit import DirectoryGroupCommit
 from shared import atomicfile
 from shared.errors import CheckpointCorruptError, CheckpointWriteError, ProgrammingError
 

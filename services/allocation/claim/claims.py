@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from services.allocation.dra import echo, nesting, node_selector
+from services.allocation.claim import echo, nesting, node_selector
 from shared import backoff, quantity
 from shared.errors import (
     ClaimError,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from services.allocation.dra.config_schema import (
+from services.allocation.claim.config_schema import (
     DEVICE_CONFIG,
     DRIVER,
     Const,

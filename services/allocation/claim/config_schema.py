@@ -213,7 +213,7 @@ DEVICE_CONFIG = Object(
         Field(name="passthrough", type=OneOf((PASSTHROUGH_VFIO,))),
     )
 )
-"""`DeviceConfig`, as README.md's "Claim configuration" shows it."""
+"""`DeviceConfig`, as docs/usage.md's "Claim configuration" shows it."""
 
 
 def describe(kind: FieldType, driver: str) -> str:

@@ -25,9 +25,9 @@ from dataclasses import dataclass, replace
 from decimal import ROUND_DOWN
 from typing import Any
 
-from services.allocation.dra import config_schema
-from services.allocation.dra.claims import OpaqueConfig
-from services.allocation.dra.config_schema import Interval, Strategy
+from services.allocation.claim import config_schema
+from services.allocation.claim.claims import OpaqueConfig
+from services.allocation.claim.config_schema import Interval, Strategy
 from shared import quantity
 from shared.errors import InvalidOpaqueConfigError
 

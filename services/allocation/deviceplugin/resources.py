@@ -11,7 +11,8 @@ specs written for those plugins keep working:
   offered: a device plugin can only hand out what exists.
 - `sim` and anything else: `<driver>/<kind>` (`sim.dra-suite.io/npu`, `sim.dra-suite.io/gpu`).
 
-`overrides` (kind or default name -> resource name, from configuration) replace any of these.
+`overrides` (kind or default name -> resource name, from configuration, parsed by
+resource_names.py) replace any of these.
 A device ID is the inventory device name (a DNS label, within the kubelet's 63 characters).
 """
 
@@ -21,21 +22,16 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from services.allocation.resource_names import RESOURCE_NAME
 from shared.pb.drasuite.v1 import inventory_pb2
 
 __all__ = [
-    "RESOURCE_NAME",
     "VENDOR_NAMES",
     "Resource",
-    "parse_overrides",
     "resource_name",
     "resources",
 ]
 
-RESOURCE_NAME = re.compile(
-    r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
-)
-"""An extended resource name: `<domain>/<name>` (the kubelet checks it is qualified)."""
 _ON_DEMAND = "createdOnDemand"
 _TEMPLATE = re.compile(r"vir(\d+)((?:_[a-z0-9]+)*)$")
 # npu-smi template suffixes -> the Ascend device plugin's resource suffixes (docs/hardware.md §3.6).
@@ -55,17 +51,6 @@ class Resource:
 
     def device(self, device_id: str) -> inventory_pb2.Device | None:
         return next((d for d in self.devices if d.name == device_id), None)
-
-
-def parse_overrides(text: str) -> dict[str, str]:
-    """`npu=huawei.com/Ascend910,gpu=nvidia.com/gpu` -> mapping; ValueError on a bad entry."""
-    overrides: dict[str, str] = {}
-    for entry in filter(None, (part.strip() for part in text.split(","))):
-        key, sep, name = entry.partition("=")
-        if not sep or not key.strip() or not RESOURCE_NAME.match(name.strip()):
-            raise ValueError(f"{entry!r} is not <kind or resource>=<domain>/<name>")
-        overrides[key.strip()] = name.strip()
-    return overrides
 
 
 def _ascend(device: inventory_pb2.Device) -> str | None:

@@ -1,1 +1,1 @@
-"""The DRA front: the kubelet's DRAPlugin and health services, claims, prepare, checkpoints."""
+"""The DRA front: the kubelet's DRAPlugin and health services, prepare and unprepare."""

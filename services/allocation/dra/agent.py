@@ -20,11 +20,11 @@ import structlog
 
 from services.allocation import instruments
 from services.allocation.cdi.spec_files import CDIWriter
+from services.allocation.claim.checkpoint import CheckpointStore, ClaimState
+from services.allocation.claim.claims import ClaimReader, KubeReader
 from services.allocation.config import AllocationConfig
 from services.allocation.dra.announce import Announcers
-from services.allocation.claim.checkpoint import CheckpointStore, ClaimState
 from services.allocation.dra.claim_publisher import PreparedClaimPublisher, lookup_with
-from services.allocation.claim.claims import ClaimReader, KubeReader
 from services.allocation.dra.health_stream import HealthServiceV1, HealthServiceV1Alpha1
 from services.allocation.dra.preparer import ClaimPreparer
 from services.allocation.dra.registration import Registrar, RegistrationService

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from services.allocation.dra.checkpoint import PreparedClaim
-from services.allocation.dra.claims import PodRef
+from services.allocation.claim.checkpoint import PreparedClaim
+from services.allocation.claim.claims import PodRef
 from services.allocation.dra.preparer import PreparedClaimSink
 
 __all__ = ["Announcers"]

@@ -21,8 +21,8 @@ from typing import Protocol, cast
 
 import structlog
 
-from services.allocation.dra.checkpoint import PreparedClaim
-from services.allocation.dra.claims import AllocatedClaim, ClaimRef, PodRef
+from services.allocation.claim.checkpoint import PreparedClaim
+from services.allocation.claim.claims import AllocatedClaim, ClaimRef, PodRef
 from shared.backoff import Backoff
 from shared.bus import codec, kv
 from shared.bus.connection import Bus

@@ -34,15 +34,15 @@ from typing import Any
 
 from services.allocation.cdi import allowlist, edits, spec_files
 from services.allocation.cdi.edits import CLAIM_UID_ENV, DEVICES_ENV, DeviceUse, claim_edits
-from services.allocation.dra import opaque
-from services.allocation.dra.checkpoint import (
+from services.allocation.claim import opaque
+from services.allocation.claim.checkpoint import (
     ClaimState,
     PreparedClaim,
     PreparedDevice,
     PreparedPartition,
     PreparedVfio,
 )
-from services.allocation.dra.claims import AllocatedClaim, DeviceResult
+from services.allocation.claim.claims import AllocatedClaim, DeviceResult
 from services.allocation.metadata import document
 from services.allocation.mps import layout as mps_layout
 from services.allocation.mps import limits as mps_limits

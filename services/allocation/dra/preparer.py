@@ -40,7 +40,6 @@ from services.allocation import instruments
 from services.allocation.cdi import allowlist
 from services.allocation.cdi.spec_files import CDIWriter
 from services.allocation.claim import echo
-from services.allocation.dra import batch
 from services.allocation.claim.checkpoint import (
     CheckpointStore,
     ClaimState,
@@ -49,6 +48,7 @@ from services.allocation.claim.checkpoint import (
     safe_uid,
 )
 from services.allocation.claim.claims import AllocatedClaim, ClaimRef, PodRef
+from services.allocation.dra import batch
 from services.allocation.dra.planning import CLAIM_UID_ENV, DEVICES_ENV, find_device, plan
 from services.allocation.dra.serialize import InstanceLock
 from services.allocation.metadata.files import MetadataFiles

@@ -19,9 +19,9 @@ import grpc
 import structlog
 from opentelemetry import trace
 
-from services.allocation.dra import echo
-from services.allocation.dra.checkpoint import PreparedClaim, PreparedDevice
-from services.allocation.dra.claims import ClaimRef
+from services.allocation.claim import echo
+from services.allocation.claim.checkpoint import PreparedClaim, PreparedDevice
+from services.allocation.claim.claims import ClaimRef
 from services.allocation.dra.preparer import ClaimPreparer
 from shared import telemetry
 from shared.errors import ClaimError

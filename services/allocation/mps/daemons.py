@@ -24,7 +24,7 @@ from pathlib import Path, PurePosixPath
 
 import structlog
 
-from services.allocation.dra.checkpoint import PreparedMps
+from services.allocation.claim.checkpoint import PreparedMps
 from services.allocation.mps import layout
 from shared.errors import ClaimError
 

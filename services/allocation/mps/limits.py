@@ -14,10 +14,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from services.allocation.dra import opaque
-from services.allocation.dra.checkpoint import PreparedMps
-from services.allocation.dra.claims import DeviceResult
-from services.allocation.dra.opaque import Strategy
+from services.allocation.claim import opaque
+from services.allocation.claim.checkpoint import PreparedMps
+from services.allocation.claim.claims import DeviceResult
+from services.allocation.claim.opaque import Strategy
 from shared import quantity
 from shared.pb.drasuite.v1 import inventory_pb2
 

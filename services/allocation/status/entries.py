@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from services.allocation.dra.checkpoint import PreparedClaim
+from services.allocation.claim.checkpoint import PreparedClaim
 from services.allocation.node_view.health_board import DeviceHealthView
 from shared import device_conditions
 from shared.device_conditions import Condition

@@ -21,8 +21,8 @@ from typing import Any, Protocol
 
 import structlog
 
-from services.allocation.dra.checkpoint import PreparedClaim
-from services.allocation.dra.claims import PodRef
+from services.allocation.claim.checkpoint import PreparedClaim
+from services.allocation.claim.claims import PodRef
 from services.allocation.node_view.health_board import DeviceHealthView, HealthBoard
 from services.allocation.status.entries import Entry, entries, merge
 from shared.backoff import Backoff

@@ -39,8 +39,8 @@ from pathlib import Path
 
 import structlog
 
+from services.allocation.claim.checkpoint import PreparedVfio
 from services.allocation.config import AllocationConfig
-from services.allocation.dra.checkpoint import PreparedVfio
 from services.allocation.vfio.ledger import Binding, VfioLedger
 from services.allocation.vfio.sysfs import PciSysfs, for_backend
 from shared.errors import ClaimError, DeviceNotAllocatableError

@@ -20,10 +20,10 @@ from collections.abc import Mapping, Sequence
 
 from services.allocation.cdi import allowlist, spec_files
 from services.allocation.cdi.edits import CLAIM_UID_ENV, DEVICES_ENV, ClaimEdits
-from services.allocation.dra import opaque
-from services.allocation.dra.checkpoint import PreparedVfio
-from services.allocation.dra.claims import DeviceResult
-from services.allocation.dra.config_schema import PASSTHROUGH_VFIO, Strategy
+from services.allocation.claim import opaque
+from services.allocation.claim.checkpoint import PreparedVfio
+from services.allocation.claim.claims import DeviceResult
+from services.allocation.claim.config_schema import PASSTHROUGH_VFIO, Strategy
 from services.allocation.partitions import ON_DEMAND
 from shared.errors import DeviceNotAllocatableError, InvalidOpaqueConfigError
 from shared.pb.drasuite.v1 import inventory_pb2

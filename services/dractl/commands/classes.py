@@ -24,13 +24,15 @@ import yaml
 from services.allocator.device import Device
 from services.allocator.pool import Inventory
 from services.dractl import classgen
+from services.dractl.subcommands import Subcommands
 from shared.config import KubeSettings, add_arguments, from_args
 from shared.errors import ConfigError, DraSuiteError
 from shared.kube import resources
 from shared.kube.client import KubeClient
 
-__all__ = ["NEWEST", "OLDEST", "kubernetes_minor", "register", "run"]
+__all__ = ["NAME", "NEWEST", "OLDEST", "kubernetes_minor", "register", "run"]
 
+NAME = "classes"
 Obj = dict[str, Any]
 OLDEST, NEWEST = 34, 37
 """The Kubernetes minors dra-suite supports (docs/contracts.md)."""
@@ -52,17 +54,15 @@ def kubernetes_minor(text: str) -> int:
     return int(match.group(1))
 
 
-def register(commands: Any, *, parents: Sequence[argparse.ArgumentParser] = ()) -> None:
-    """Add `classes generate` to dractl's subparsers; `parents` carry the global flags."""
+def register(subcommands: Subcommands) -> None:
+    """`classes generate`; the global flags may follow it."""
     text = "DeviceClasses generated from the devices the fleet publishes"
     description = (
         f"{text}: one per device model, published partition profile and sharing mode, read "
         "from the ResourceSlices; YAML documents (-o yaml, the default) or a v1 List (-o json) "
         "for kubectl apply -f -."
     )
-    parser = commands.add_parser(
-        "classes", help=text, description=description, parents=list(parents)
-    )
+    parser = subcommands.add(NAME, summary=text, description=description)
     parser.add_argument("action", choices=("generate",))
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--node", help="only the devices this node's slices publish")
@@ -89,7 +89,8 @@ def register(commands: Any, *, parents: Sequence[argparse.ArgumentParser] = ()) 
 async def run(
     args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None
 ) -> int:
-    """The subcommand: the classes on `out` (stdout), the summary and notes on `err` (stderr)."""
+    """The subcommand (reads the API server, not the bus): the classes on `out` (stdout), the
+    summary and notes on `err` (stderr)."""
     out = out or sys.stdout
     err = err or sys.stderr
     output = getattr(args, "output", None) or "table"

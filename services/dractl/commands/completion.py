@@ -7,9 +7,14 @@ drifts from the parser. zsh loads the bash function through bashcompinit (kubect
 from __future__ import annotations
 
 import argparse
+from typing import TextIO
 
-__all__ = ["SHELLS", "script"]
+from services.dractl.output import FORMATS
+from services.dractl.subcommands import Subcommands
 
+__all__ = ["NAME", "SHELLS", "register", "run", "script"]
+
+NAME = "completion"
 SHELLS = ("bash", "zsh")
 
 _BASH = """# dractl completion for bash; load it with: source <(dractl completion bash)
@@ -37,6 +42,19 @@ complete -F _dractl dractl
 _ZSH_PREAMBLE = """# dractl completion for zsh; load it with: source <(dractl completion zsh)
 autoload -U +X bashcompinit && bashcompinit
 """
+
+
+def register(subcommands: Subcommands) -> None:
+    parser = subcommands.add(
+        NAME, summary="a shell completion script", description=None, global_flags=False
+    )
+    parser.add_argument("shell", choices=SHELLS)
+    parser.set_defaults(completed=subcommands.dractl)
+
+
+async def run(args: argparse.Namespace, *, out: TextIO, err: TextIO) -> int:
+    out.write(script(args.completed, shell=args.shell, outputs=FORMATS))
+    return 0
 
 
 def _flags(parser: argparse.ArgumentParser) -> list[str]:

@@ -41,13 +41,15 @@ from services.dractl.explain_manifest import (
     admin_access_problem,
     read_manifest,
 )
+from services.dractl.subcommands import Subcommands
 from shared.config import KubeSettings, add_arguments, from_args
 from shared.errors import DraSuiteError, KubeNotFoundError
 from shared.kube import resources
 from shared.kube.client import KubeClient
 
-__all__ = ["ExplainInputError", "UnknownNodeError", "explain_claims", "register", "run"]
+__all__ = ["NAME", "ExplainInputError", "UnknownNodeError", "explain_claims", "register", "run"]
 
+NAME = "explain"
 Obj = dict[str, Any]
 RESOURCE_CLAIM_TEMPLATES = resources.ResourceType(
     resources.RESOURCE_GROUP, "v1", "resourceclaimtemplates", "ResourceClaimTemplate", True
@@ -65,11 +67,10 @@ class UnknownNodeError(Exception):
     """`--node` names a node that has no devices (or does not exist): nothing fits there."""
 
 
-def register(commands: Any, *, parents: Sequence[argparse.ArgumentParser] = ()) -> None:
-    """Add the `explain` subcommand to dractl's subparsers; `parents` carry the global flags
-    (`-o table|wide|json|yaml` among them) so that they may follow the subcommand."""
+def register(subcommands: Subcommands) -> None:
+    """The global flags (`-o table|wide|json|yaml` among them) may follow the subcommand."""
     text = "why a claim fits a node or not, and what would make it fit"
-    parser = commands.add_parser("explain", help=text, description=text, parents=list(parents))
+    parser = subcommands.add(NAME, summary=text, description=text)
     parser.add_argument("claim", nargs="?", help="a ResourceClaim name (or use -f)")
     parser.add_argument("-n", "--namespace", default="default")
     parser.add_argument(
@@ -81,8 +82,13 @@ def register(commands: Any, *, parents: Sequence[argparse.ArgumentParser] = ()) 
     add_arguments(parser, KubeSettings)
 
 
-async def run(args: argparse.Namespace, *, out: TextIO = sys.stdout) -> int:
-    """The subcommand; errors are printed on stderr and become exit code 2."""
+async def run(
+    args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
+    """The subcommand (reads the API server, not the bus): the explanations on `out` (stdout),
+    errors on `err` (stderr), where they become exit code 2."""
+    out = out or sys.stdout
+    err = err or sys.stderr
     try:
         settings = from_args(KubeSettings, args, os.environ)
         documents = _documents(args)
@@ -95,16 +101,16 @@ async def run(args: argparse.Namespace, *, out: TextIO = sys.stdout) -> int:
                 documents=documents,
                 node=args.node,
                 driver=getattr(args, "driver_name", None),
-                notes=sys.stderr,
+                notes=err,
             )
             statuses = await _device_statuses(kube, explanations)
         finally:
             await kube.close()
     except UnknownNodeError as exc:
-        print(f"dractl explain: {exc}", file=sys.stderr)
+        print(f"dractl explain: {exc}", file=err)
         return EXIT_DOES_NOT_FIT
     except (ExplainInputError, ManifestError, ClaimError, DraSuiteError) as exc:
-        print(f"dractl explain: {exc}", file=sys.stderr)
+        print(f"dractl explain: {exc}", file=err)
         return EXIT_BAD_INPUT
     _render(explanations, statuses, output=getattr(args, "output", None), out=out)
     return EXIT_FITS if all(e.fits for e in explanations) else EXIT_DOES_NOT_FIT

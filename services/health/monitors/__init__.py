@@ -4,7 +4,8 @@ A monitor reports the complete current view of the node's devices (`Observations
 sink, once its device list is known and after every change. It never judges health: the
 policy does (a monitor may be told which faults the policy ignores, so that an ignored one
 never hides a real one). Monitors: `sim`, `nvml`, `ascend`. The agent runs the monitor under
-`watchdog.Watchdog`; `fake.FakeMonitor` is the seam's test double.
+`watchdog.Watchdog`; `fake.FakeMonitor` is the seam's test double. `nvml_faults` and
+`npu_faults` turn vendor events and codes into faults.
 """
 
 from __future__ import annotations

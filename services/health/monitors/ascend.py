@@ -20,8 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import structlog
 
-from services.health import npu_faults
-from services.health.monitors import ObservationSink
+from services.health.monitors import ObservationSink, npu_faults
 from services.health.observation import Observation, Observations
 from shared import commands
 from shared.errors import BackendUnavailableError

@@ -33,8 +33,7 @@ from typing import TypeVar
 
 import structlog
 
-from services.health import nvml_faults
-from services.health.monitors import NvmlOptions, ObservationSink
+from services.health.monitors import NvmlOptions, ObservationSink, nvml_faults
 from services.health.monitors.blocking import BlockingCaller
 from services.health.monitors.nvml_events import (
     ERROR_GPU_IS_LOST,

@@ -26,10 +26,10 @@ from devcluster.apiserver import APIServerEmulator
 from devcluster.kubelet import KubeletClaim, KubeletEmulator
 from devcluster.processes import ChildProcess
 from services.allocation.cdi import spec_files
+from services.allocation.claim.checkpoint import CheckpointStore
 from services.allocation.cli import CRASH_AT_ENV
 from services.allocation.config import AllocationConfig
 from services.allocation.dra.agent import AllocationAgent
-from services.allocation.dra.checkpoint import CheckpointStore
 from shared.bus import codec
 from shared.bus.connection import Bus
 from shared.config import KubeSettings, NATSSettings

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from services.allocation.dra.checkpoint import ClaimState
+from services.allocation.claim.checkpoint import ClaimState
 
 pytestmark = pytest.mark.integration
 

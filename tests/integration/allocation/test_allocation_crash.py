@@ -15,8 +15,8 @@ import pytest
 
 from devcluster.kubelet import KubeletClaim, KubeletEmulator, KubeletError
 from services.allocation.cdi import spec_files
+from services.allocation.claim.checkpoint import ClaimState
 from services.allocation.config import CRASH_STEPS
-from services.allocation.dra.checkpoint import ClaimState
 from tests.integration.allocation.crash_harness import assert_crashed as _assert_crashed
 from tests.integration.allocation.crash_harness import running as _running
 

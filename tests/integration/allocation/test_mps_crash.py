@@ -13,7 +13,7 @@ import pytest
 
 from devcluster.kubelet import KubeletClaim, KubeletEmulator, KubeletError
 from devcluster.processes import ChildProcess
-from services.allocation.dra.checkpoint import ClaimState, PreparedMps
+from services.allocation.claim.checkpoint import ClaimState, PreparedMps
 from services.allocation.mps.daemons import MpsDaemons
 from services.discovery.backends import sim
 from shared.bus import codec

@@ -26,7 +26,7 @@ import pytest
 from devcluster import scheduler
 from devcluster.kubelet import KubeletClaim, KubeletEmulator, KubeletError
 from devcluster.processes import ChildProcess
-from services.allocation.dra.checkpoint import ClaimState
+from services.allocation.claim.checkpoint import ClaimState
 from services.discovery import inventory, slices
 from services.discovery.backends import nvml
 from services.discovery.backends.sysfs import Sysfs

@@ -11,7 +11,7 @@ import pytest
 
 from devcluster.kubelet import KubeletClaim, KubeletEmulator, KubeletError
 from services.allocation.cdi import spec_files
-from services.allocation.dra.checkpoint import ClaimState
+from services.allocation.claim.checkpoint import ClaimState
 from services.discovery.backends import sim
 from shared.bus import codec
 from shared.pb.drasuite.v1 import inventory_pb2

@@ -20,7 +20,7 @@ import pytest
 from devcluster.kubelet import KubeletClaim, KubeletEmulator, KubeletError
 from devcluster.processes import ChildProcess
 from services.allocation.cdi import spec_files
-from services.allocation.dra.checkpoint import ClaimState, PreparedVfio
+from services.allocation.claim.checkpoint import ClaimState, PreparedVfio
 from shared.bus import codec
 from shared.pb.drasuite.v1 import inventory_pb2
 from shared.vfio import pci

@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from devcluster.apiserver import APIServerEmulator
-from services.dractl import classes, cli
+from services.dractl import cli
+from services.dractl.commands import classes
 from shared.config import KubeSettings
 from shared.kube import resources
 from shared.kube.client import KubeClient

@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from devcluster.apiserver import APIServerEmulator
-from services.dractl import cli, explain
+from services.dractl import cli
+from services.dractl.commands import explain
 from shared.config import KubeSettings
 from shared.kube import resources
 from shared.kube.client import KubeClient

@@ -31,8 +31,8 @@ from hypothesis import strategies as st
 
 from devcluster.kubelet import KubeletEmulator
 from services.allocation.cdi import spec_files
+from services.allocation.claim.checkpoint import safe_uid
 from services.allocation.dra.agent import AllocationAgent
-from services.allocation.dra.checkpoint import safe_uid
 from shared.pb.kubelet.dra.v1 import api_pb2 as v1
 from shared.pb.kubelet.dra.v1 import api_pb2_grpc as v1_grpc
 from shared.pb.kubelet.dra.v1beta1 import api_pb2 as v1beta1

@@ -1,5 +1,5 @@
 """`dra-health` as a process: a policy file it cannot use is a one-line error and exit 2,
-before it opens any connection (the README's promise), never a traceback."""
+before it opens any connection (docs/operations.md, "Configuration"), never a traceback."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ import pytest
 
 from devcluster.natsauth import ServerAuth, ServerTLS
 from devcluster.natsserver import NATSServerProcess
-from shared.bus import auth
+from shared import nats_auth
 from shared.config import NATSSettings
 from tests.integration.security.secure_nats import PKI, eventually, running_bus
 
@@ -107,7 +107,7 @@ async def test_without_handshake_first_nats_py_would_send_the_token_in_clear(
 ) -> None:
     """The fake server is a real threat: the options minus handshake-first leak the token."""
     settings = NATSSettings(token_file=_secret_files(tmp_path)["token"], tls_ca_file=str(pki.ca))
-    options = auth.connect_options(settings)
+    options = nats_auth.connect_options(settings)
     assert options.pop("tls_handshake_first") is True
     async with fake_server() as fake:
         nc = nats.aio.client.Client()

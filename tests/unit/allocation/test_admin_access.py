@@ -19,14 +19,14 @@ import pytest
 
 from services.allocation.cdi import spec_files
 from services.allocation.cdi.spec_files import CDIWriter
-from services.allocation.dra import checkpoint, planning
-from services.allocation.dra.checkpoint import (
+from services.allocation.claim import checkpoint
+from services.allocation.claim.checkpoint import (
     CheckpointStore,
     ClaimState,
     PreparedClaim,
     PreparedDevice,
 )
-from services.allocation.dra.claims import (
+from services.allocation.claim.claims import (
     AllocatedClaim,
     ClaimReader,
     ClaimRef,
@@ -34,6 +34,7 @@ from services.allocation.dra.claims import (
     OpaqueConfig,
     select,
 )
+from services.allocation.dra import planning
 from services.allocation.dra.preparer import ClaimPreparer
 from services.allocation.mps import layout
 from services.allocation.mps.daemons import MpsDaemons

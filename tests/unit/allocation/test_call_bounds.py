@@ -18,9 +18,10 @@ import pytest
 import structlog
 
 from services.allocation.cdi.spec_files import CDIWriter
-from services.allocation.dra import batch, echo
-from services.allocation.dra.checkpoint import CheckpointStore
-from services.allocation.dra.claims import ClaimReader, ClaimRef
+from services.allocation.claim import echo
+from services.allocation.claim.checkpoint import CheckpointStore
+from services.allocation.claim.claims import ClaimReader, ClaimRef
+from services.allocation.dra import batch
 from services.allocation.dra.preparer import ClaimPreparer
 from shared.errors import ClaimError, KubeNotFoundError, KubeTransientError
 from shared.kube.resources import ResourceType

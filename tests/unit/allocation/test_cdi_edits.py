@@ -12,7 +12,7 @@ import pytest
 from services.allocation.cdi import spec_files
 from services.allocation.cdi.edits import DeviceUse, claim_edits
 from services.allocation.cdi.schema_check import schema_problems
-from services.allocation.dra.opaque import DeviceConfig, Strategy
+from services.allocation.claim.opaque import DeviceConfig, Strategy
 from services.allocation.partitions import Partition
 from services.discovery.backends import nvml
 from shared.errors import ClaimError

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from services.allocation.dra import checkpoint
-from services.allocation.dra.checkpoint import (
+from services.allocation.claim import checkpoint
+from services.allocation.claim.checkpoint import (
     CheckpointStore,
     ClaimState,
     PreparedClaim,

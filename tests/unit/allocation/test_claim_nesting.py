@@ -18,9 +18,9 @@ from aiohttp import web
 
 from devcluster.apiserver import kubeconfig
 from services.allocation.cdi.spec_files import CDIWriter
-from services.allocation.dra import nesting
-from services.allocation.dra.checkpoint import CheckpointStore, PreparedClaim
-from services.allocation.dra.claims import ClaimReader, ClaimRef
+from services.allocation.claim import nesting
+from services.allocation.claim.checkpoint import CheckpointStore, PreparedClaim
+from services.allocation.claim.claims import ClaimReader, ClaimRef
 from services.allocation.dra.preparer import ClaimPreparer
 from shared.config import KubeSettings
 from shared.errors import ClaimError

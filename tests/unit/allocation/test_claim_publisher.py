@@ -4,14 +4,14 @@ tests/integration/allocation/test_prepared_claims.py)."""
 
 from __future__ import annotations
 
-from services.allocation.dra.checkpoint import (
+from services.allocation.claim.checkpoint import (
     ClaimState,
     PreparedClaim,
     PreparedDevice,
     PreparedVfio,
 )
+from services.allocation.claim.claims import PodRef
 from services.allocation.dra.claim_publisher import to_message
-from services.allocation.dra.claims import PodRef
 from shared.pb.drasuite.v1 import claim_pb2
 
 

@@ -7,8 +7,8 @@ import uuid
 
 import pytest
 
-from services.allocation.dra import claims
-from services.allocation.dra.claims import ClaimReader, ClaimRef
+from services.allocation.claim import claims
+from services.allocation.claim.claims import ClaimReader, ClaimRef
 from shared.errors import (
     ClaimError,
     ClaimNotAllocatedError,

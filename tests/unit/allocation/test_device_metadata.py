@@ -14,9 +14,8 @@ from jsonschema import Draft7Validator
 
 from services.allocation.cdi import allowlist, spec_files
 from services.allocation.cdi.spec_files import CDIWriter
-from services.allocation.dra import planning
-from services.allocation.dra.checkpoint import CheckpointStore
-from services.allocation.dra.claims import (
+from services.allocation.claim.checkpoint import CheckpointStore
+from services.allocation.claim.claims import (
     POD_CLAIM_NAME_ANNOTATION,
     AllocatedClaim,
     ClaimReader,
@@ -24,6 +23,7 @@ from services.allocation.dra.claims import (
     DeviceResult,
     select,
 )
+from services.allocation.dra import planning
 from services.allocation.dra.preparer import ClaimPreparer
 from services.allocation.metadata import document
 from services.allocation.metadata.files import MetadataFiles

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from services.allocation.dra.checkpoint import (
+from services.allocation.claim.checkpoint import (
     ClaimState,
     PreparedClaim,
     PreparedDevice,

@@ -8,6 +8,7 @@ import pytest
 from services.allocation.cdi import spec_files
 from services.allocation.cdi.allowlist import ForbiddenEditError
 from services.allocation.deviceplugin import container_devices, resources
+from services.allocation.resource_names import parse_overrides
 from services.discovery.backends.sim import SimBackend
 from shared.pb.drasuite.v1 import inventory_pb2
 
@@ -93,7 +94,7 @@ def test_an_on_demand_placement_is_not_offered():
 
 
 def test_overrides_rename_a_kind_or_a_resource_but_not_a_kinds_partitions():
-    overrides = resources.parse_overrides("npu=example.com/npu, nvidia.com/gpu=example.com/big-gpu")
+    overrides = parse_overrides("npu=example.com/npu, nvidia.com/gpu=example.com/big-gpu")
     assert overrides == {"npu": "example.com/npu", "nvidia.com/gpu": "example.com/big-gpu"}
 
     def name(backend: str, device: inventory_pb2.Device) -> str | None:
@@ -110,7 +111,7 @@ def test_overrides_rename_a_kind_or_a_resource_but_not_a_kinds_partitions():
 )
 def test_bad_overrides_are_refused(text):
     with pytest.raises(ValueError, match="is not <kind or resource>="):
-        resources.parse_overrides(text)
+        parse_overrides(text)
 
 
 async def test_the_mixed_sim_profile_offers_one_resource_per_kind():

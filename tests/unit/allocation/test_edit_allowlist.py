@@ -12,8 +12,8 @@ import pytest
 from services.allocation.cdi import allowlist, edits, spec_files
 from services.allocation.cdi.allowlist import DeviceEdits, ForbiddenEditError
 from services.allocation.cdi.edits import DeviceUse, claim_edits
-from services.allocation.dra import opaque
-from services.allocation.dra.opaque import DeviceConfig, Strategy
+from services.allocation.claim import opaque
+from services.allocation.claim.opaque import DeviceConfig, Strategy
 from services.allocation.partitions import Partition
 from shared.errors import ClaimError
 from shared.pb.drasuite.v1 import inventory_pb2

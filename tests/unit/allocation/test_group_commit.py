@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from services.allocation.dra.group_commit import DirectoryGroupCommit
+from services.allocation.claim.group_commit import DirectoryGroupCommit
 from shared import atomicfile
 from shared.atomicfile import temporary_path
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from services.allocation.dra.checkpoint import PreparedMps
-from services.allocation.dra.claims import DeviceResult
-from services.allocation.dra.opaque import DeviceConfig, Strategy
+from services.allocation.claim.checkpoint import PreparedMps
+from services.allocation.claim.claims import DeviceResult
+from services.allocation.claim.opaque import DeviceConfig, Strategy
 from services.allocation.mps import limits
 from services.allocation.mps.daemons import MpsDaemons
 from shared.errors import ClaimError

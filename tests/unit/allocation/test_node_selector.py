@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from services.allocation.dra import claims, node_selector
-from services.allocation.dra.claims import ClaimRef
+from services.allocation.claim import claims, node_selector
+from services.allocation.claim.claims import ClaimRef
 from shared.errors import ClaimError
 
 DRIVER = "sim.dra-suite.io"

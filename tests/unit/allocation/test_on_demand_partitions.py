@@ -16,8 +16,8 @@ import pytest
 
 from services.allocation.cdi import spec_files
 from services.allocation.cdi.spec_files import CDIWriter
-from services.allocation.dra.checkpoint import CheckpointStore, ClaimState, PreparedPartition
-from services.allocation.dra.claims import ClaimReader, ClaimRef
+from services.allocation.claim.checkpoint import CheckpointStore, ClaimState, PreparedPartition
+from services.allocation.claim.claims import ClaimReader, ClaimRef
 from services.allocation.dra.preparer import ClaimPreparer
 from services.allocation.partitions import PartitionManager, on_demand_option
 from services.allocation.partitions.by_backend import CompositePartitionManager

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from services.allocation.dra import opaque
-from services.allocation.dra.claims import OpaqueConfig
-from services.allocation.dra.opaque import DeviceConfig, Interval, Strategy
+from services.allocation.claim import opaque
+from services.allocation.claim.claims import OpaqueConfig
+from services.allocation.claim.opaque import DeviceConfig, Interval, Strategy
 from shared.errors import InvalidOpaqueConfigError
 
 DRIVER = "sim.dra-suite.io"

@@ -14,9 +14,9 @@ import pytest
 
 from services.allocation.cdi import spec_files
 from services.allocation.cdi.spec_files import CDIWriter
+from services.allocation.claim.checkpoint import CheckpointStore
+from services.allocation.claim.claims import ClaimReader, ClaimRef
 from services.allocation.config import AllocationConfig
-from services.allocation.dra.checkpoint import CheckpointStore
-from services.allocation.dra.claims import ClaimReader, ClaimRef
 from services.allocation.dra.preparer import ClaimPreparer
 from services.allocation.partitions import by_backend
 from services.allocation.partitions.by_backend import CompositePartitionManager

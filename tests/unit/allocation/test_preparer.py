@@ -13,15 +13,15 @@ import pytest
 
 from services.allocation.cdi import spec_files
 from services.allocation.cdi.spec_files import CDIWriter
-from services.allocation.dra import preparer
-from services.allocation.dra.checkpoint import CheckpointStore, ClaimState
-from services.allocation.dra.claims import (
+from services.allocation.claim.checkpoint import CheckpointStore, ClaimState
+from services.allocation.claim.claims import (
     AllocatedClaim,
     ClaimReader,
     ClaimRef,
     DeviceResult,
     OpaqueConfig,
 )
+from services.allocation.dra import preparer
 from services.allocation.dra.preparer import ClaimPreparer
 from shared.errors import ClaimError, DeviceNotAllocatableError, InvalidOpaqueConfigError
 from tests.fakes.allocation_sources import FakeInventory

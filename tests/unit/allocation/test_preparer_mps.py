@@ -15,8 +15,8 @@ import pytest
 
 from services.allocation.cdi import spec_files
 from services.allocation.cdi.spec_files import CDIWriter
-from services.allocation.dra.checkpoint import CheckpointStore, ClaimState, PreparedMps
-from services.allocation.dra.claims import ClaimReader, ClaimRef
+from services.allocation.claim.checkpoint import CheckpointStore, ClaimState, PreparedMps
+from services.allocation.claim.claims import ClaimReader, ClaimRef
 from services.allocation.dra.preparer import ClaimPreparer
 from services.allocation.mps import layout
 from services.allocation.mps.daemons import MpsDaemons

@@ -15,8 +15,8 @@ import pytest
 
 from services.allocation.cdi import spec_files
 from services.allocation.cdi.spec_files import CDIWriter
-from services.allocation.dra.checkpoint import CheckpointStore, ClaimState
-from services.allocation.dra.claims import ClaimReader, ClaimRef
+from services.allocation.claim.checkpoint import CheckpointStore, ClaimState
+from services.allocation.claim.claims import ClaimReader, ClaimRef
 from services.allocation.dra.preparer import ClaimPreparer
 from services.allocation.dra.service import DRAService
 from services.allocation.partitions.sim import SimPartitionManager

@@ -9,8 +9,8 @@ from __future__ import annotations
 import uuid
 
 from services.allocation.cdi import spec_files
+from services.allocation.claim.claims import AllocatedClaim, ClaimRef, DeviceResult
 from services.allocation.dra import preparer
-from services.allocation.dra.claims import AllocatedClaim, ClaimRef, DeviceResult
 
 DRIVER = "sim.dra-suite.io"
 NODE = "node-a"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import structlog
 
-from services.allocation.dra.checkpoint import PreparedVfio
+from services.allocation.claim.checkpoint import PreparedVfio
 from services.allocation.vfio import sysfs as vfio_sysfs
 from services.allocation.vfio.binder import VENDORS, VfioBinder
 from services.allocation.vfio.ledger import Binding, VfioLedger

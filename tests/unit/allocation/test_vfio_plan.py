@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from services.allocation.cdi import allowlist
-from services.allocation.dra import checkpoint, opaque, planning
-from services.allocation.dra.checkpoint import PreparedVfio
-from services.allocation.dra.claims import AllocatedClaim, ClaimRef, DeviceResult, OpaqueConfig
+from services.allocation.claim import checkpoint, opaque
+from services.allocation.claim.checkpoint import PreparedVfio
+from services.allocation.claim.claims import AllocatedClaim, ClaimRef, DeviceResult, OpaqueConfig
+from services.allocation.dra import planning
 from shared.errors import DeviceNotAllocatableError, InvalidOpaqueConfigError
 from shared.pb.drasuite.v1 import inventory_pb2
 

@@ -9,7 +9,8 @@ import pytest
 
 from services.allocator.allocator import Cluster
 from services.allocator.errors import ClaimError
-from services.allocator.explanation import NodeReport, explain
+from services.allocator.explanation import explain
+from services.allocator.node_report import NodeReport
 from services.allocator.request import read_claim
 from tests.unit.allocator.corpus import Scenario, load
 

@@ -1,5 +1,5 @@
 """A generated corpus of opaque `parameters` for the DeviceConfig schema
-(services/allocation/dra/config_schema.py): hypothesis strategies walked from the schema, so
+(services/allocation/claim/config_schema.py): hypothesis strategies walked from the schema, so
 every field, type, bound and quantity form is drawn, valid and not (wrong types, `null`,
 values one past each bound, unknown fields, missing required fields, blocks with the wrong
 strategy, foreign apiVersions and kinds, whitespace around quantities, exponents that wrap
@@ -14,7 +14,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from services.allocation.dra.config_schema import (
+from services.allocation.claim.config_schema import (
     DEVICE_CONFIG,
     Const,
     FieldType,

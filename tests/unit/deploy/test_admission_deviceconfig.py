@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from services.allocation.dra import opaque
+from services.allocation.claim import opaque
 from shared.errors import InvalidOpaqueConfigError
 from tests.unit.deploy.manifests import (
     ADMISSION,

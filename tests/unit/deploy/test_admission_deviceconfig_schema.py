@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.allocation.dra import opaque
+from services.allocation.claim import opaque
 from shared.errors import InvalidOpaqueConfigError
 from tests.unit.deploy.deviceconfig_corpus import edge_cases, object_paths, parameters
 from tests.unit.deploy.manifests import (

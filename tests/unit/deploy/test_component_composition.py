@@ -125,7 +125,7 @@ def _folder(overlay: str, component: str) -> Path:
 @functools.cache
 def _render(case: Case, namespace: str) -> Objects:
     """A user's kustomization of the case, in `namespace` with deploy/kustomize/namespace as
-    its transformer (as the README says) unless it is the default one."""
+    its transformer (as docs/install.md says) unless it is the default one."""
     assert KUBECTL is not None
     overlay, components = case
     with tempfile.TemporaryDirectory() as tmp:

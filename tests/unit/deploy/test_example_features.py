@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from devcluster import scheduler
-from services.allocation.dra import opaque
+from services.allocation.claim import opaque
 from services.discovery import inventory, slices
 from services.discovery.backends import nvml
 from services.discovery.backends.sim import SimBackend

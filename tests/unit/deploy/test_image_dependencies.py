@@ -148,7 +148,7 @@ print(json.dumps({"failed": failed, "emulator": emulator}))
 
 def test_agents_and_dractl_import_without_the_devcluster_extra_which_names_itself() -> None:
     modules = [m for package in RUNTIME_PACKAGES for m in _modules(package)]
-    assert {"services.dractl.explain", "services.allocation.cli"} <= set(modules)
+    assert {"services.dractl.commands.explain", "services.allocation.cli"} <= set(modules)
     result = subprocess.run(
         [sys.executable, "-c", _WITHOUT_EXTRA, ",".join(DEVCLUSTER_MODULES), *modules],
         capture_output=True,

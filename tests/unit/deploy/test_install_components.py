@@ -45,7 +45,7 @@ Objects = tuple[dict[str, Any], ...]
 @functools.cache
 def _render(target: str, *components: str, extra: str = "", namespace: str = "") -> Objects:
     """A user's kustomization: `target` and `components` (folders under deploy/kustomize), plus
-    `extra` kustomization YAML (images: ...), in another `namespace` as the README says."""
+    `extra` kustomization YAML (images: ...), in another `namespace` as docs/install.md says."""
     assert KUBECTL is not None
     with tempfile.TemporaryDirectory() as tmp:
         kustomization = {

@@ -31,7 +31,7 @@ from devcluster.apiserver.config import ClusterConfig
 from devcluster.natsserver import NATSServerProcess
 from services.natsauth import cli as auth_cli
 from services.natsauth.agent import AuthService
-from shared.bus import signing
+from shared import signature_settings
 from shared.supervisor import run_agent
 from tests.integration.security.callout_stack import connected
 from tests.unit.deploy.manifests import (
@@ -62,7 +62,7 @@ def _one(objects: tuple[Obj, ...], kind: str, name: str) -> Obj:
 
 
 def _keygen_secret() -> Obj:
-    """The callout Secret exactly as the README has it made."""
+    """The callout Secret exactly as docs/install.md has it made."""
     result = subprocess.run(
         [sys.executable, "-m", "services.natsauth", "keygen", "--namespace", "dra-suite"],
         capture_output=True,
@@ -240,7 +240,7 @@ async def test_the_rendered_bus_admits_its_agents_and_operator_and_nobody_else(
                 env = {k: files.get(v, v) for k, v in _resolved_env(ds).items()}
                 env |= {"NATS_URL": url, "NODE_NAME": NODE}
                 settings = CONFIG_BUILDERS[agent]([], env).nats
-                assert settings.bus_signatures == signing.ENFORCE, agent
+                assert settings.bus_signatures == signature_settings.ENFORCE, agent
                 async with connected(settings, component=agent, node=NODE) as bus:
                     if agent == "discovery":  # its own inventory key: written and read back,
                         # signed with a certified key (enforce drops anything else)

@@ -19,9 +19,9 @@ from typing import Any
 from devcluster import scheduler
 from services.allocation.cdi import spec_files
 from services.allocation.cdi.spec_files import CDIWriter
-from services.allocation.dra import opaque
-from services.allocation.dra.checkpoint import CheckpointStore, ClaimState
-from services.allocation.dra.claims import ClaimReader, ClaimRef
+from services.allocation.claim import opaque
+from services.allocation.claim.checkpoint import CheckpointStore, ClaimState
+from services.allocation.claim.claims import ClaimReader, ClaimRef
 from services.allocation.dra.preparer import ClaimPreparer
 from services.allocation.metadata.files import MetadataFiles
 from services.allocation.vfio.binder import VfioBinder

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from services.dractl import document, render
+from services.dractl.commands import health
 from shared.pb.drasuite.v1 import health_pb2
 
 NOW = datetime(2026, 11, 24, 12, 0, 0, tzinfo=UTC)
@@ -37,7 +38,7 @@ def test_times_are_rfc3339_in_utc_with_milliseconds_and_unset_is_none() -> None:
 def test_an_unknown_enum_number_stays_a_number() -> None:
     # A newer agent's state: proto3 keeps an unknown enum number as it is.
     record = health_pb2.DeviceHealth(device="gpu-0", state=health_pb2.HealthState.ValueType(7))
-    assert document.health(record)["state"] == "7"
+    assert health.item(record)["state"] == "7"
 
 
 def test_a_line_longer_than_the_terminal_is_cut_with_an_ellipsis() -> None:

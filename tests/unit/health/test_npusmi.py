@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from services.health import npu_faults
+from services.health.monitors import npu_faults
 from services.health.observation import Fault
 from shared.vendors.ascend import npusmi
 from shared.vendors.ascend.npusmi import ChipHealth, NpuSmiError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.health import nvml_faults
+from services.health.monitors import nvml_faults
 from services.health.monitors.nvml_events import (
     EVENT_DOUBLE_BIT_ECC,
     EVENT_GPU_UNAVAILABLE,

@@ -12,6 +12,7 @@ import pytest
 from services.natsauth import certifier, permissions
 from services.natsauth.identity import Identity
 from services.natsauth.keys import SigningKey, new_signing_seed
+from shared import signature_settings
 from shared.bus import signing
 from shared.bus.records import Records
 from shared.bus.subjects import Names
@@ -36,12 +37,18 @@ def writer(
         node=node, role=role, key=key.public, not_before=NOW, not_after=NOW + lifetime_s
     )
     text = signing.issue_certificate(cert, auth=auth)
-    key.install(text, auth_key=signing.decode_auth_key(auth.public), role=role, node=node, now=NOW)
+    key.install(
+        text,
+        auth_key=signature_settings.decode_auth_key(auth.public),
+        role=role,
+        node=node,
+        now=NOW,
+    )
     return key
 
 
 def verifier(auth: SigningKey = AUTH) -> signing.Verifier:
-    return signing.Verifier(signing.decode_auth_key(auth.public))
+    return signing.Verifier(signature_settings.decode_auth_key(auth.public))
 
 
 def verify(
@@ -164,7 +171,7 @@ def test_unsigned_and_emptied_entries():
 
 def test_a_writer_takes_only_a_certificate_for_its_own_key_and_identity():
     key = signing.WriterKey()
-    auth_key = signing.decode_auth_key(AUTH.public)
+    auth_key = signature_settings.decode_auth_key(AUTH.public)
     for node, role, public in (
         ("node-a", "discovery", key.public),
         ("node-b", "health", key.public),
@@ -238,7 +245,7 @@ def test_the_certifier_answers_the_identity_of_the_subject_only():
     assert cert is not None
     installed = key.install(
         answer["certificate"],
-        auth_key=signing.decode_auth_key(AUTH.public),
+        auth_key=signature_settings.decode_auth_key(AUTH.public),
         role="health",
         node="gpu-7.rack-2",
         now=NOW,
@@ -272,15 +279,17 @@ def test_the_certifier_answers_the_identity_of_the_subject_only():
 
 def test_the_auth_key_is_an_operator_nkey():
     assert AUTH.public.startswith("O")
-    key = signing.decode_auth_key(AUTH.public)
-    assert signing.encode_auth_key(bytes(key)) == AUTH.public
+    key = signature_settings.decode_auth_key(AUTH.public)
+    assert signature_settings.encode_auth_key(bytes(key)) == AUTH.public
     account = SigningKey.from_seed(
         new_signing_seed(nkeys.PREFIX_BYTE_ACCOUNT), nkeys.PREFIX_BYTE_ACCOUNT
     )
     with pytest.raises(ValueError, match="operator"):
-        signing.decode_auth_key(account.public)
+        signature_settings.decode_auth_key(account.public)
     with pytest.raises(ValueError, match="checksum"):
-        signing.decode_auth_key(AUTH.public[:-1] + ("A" if AUTH.public[-1] != "A" else "B"))
+        signature_settings.decode_auth_key(
+            AUTH.public[:-1] + ("A" if AUTH.public[-1] != "A" else "B")
+        )
 
 
 def _settings(tmp_path: Path, mode: str) -> NATSSettings:
@@ -376,7 +385,7 @@ def test_keygen_makes_the_certify_key_and_the_service_reads_it(tmp_path: Path):
     material = secrets.material()
     seed, public = material["certify.seed"], material["certify.pub"]
     assert SigningKey.from_seed(seed, nkeys.PREFIX_BYTE_OPERATOR).public == public
-    assert bytes(signing.decode_auth_key(public))  # what the agents read
+    assert bytes(signature_settings.decode_auth_key(public))  # what the agents read
     (tmp_path / "issuer.seed").write_text(material["issuer.seed"])
     (tmp_path / "certify.seed").write_text(seed)
     config = AuthServiceConfig(

@@ -17,7 +17,7 @@ from services.allocation import cli as allocation_cli
 from services.discovery import cli as discovery_cli
 from services.dractl import cli as dractl_cli
 from services.health import cli as health_cli
-from shared.bus import auth
+from shared import nats_auth
 from shared.config import NATSSettings, add_arguments, env_name, from_args
 from shared.errors import ConfigError
 
@@ -180,17 +180,17 @@ def test_secrets_stay_out_of_the_settings_repr():
 
 def test_connect_options_read_secret_files_at_every_connect(files, tmp_path):
     token_file = Path(_write(tmp_path / "token", "first\n"))
-    options = auth.connect_options(NATSSettings(token_file=str(token_file)))
+    options = nats_auth.connect_options(NATSSettings(token_file=str(token_file)))
     assert options["token"]() == "first"
     token_file.write_text("rotated\n")
     assert options["token"]() == "rotated"
     token_file.unlink()
-    with pytest.raises(auth.CredentialsUnreadableError, match="nats token file"):
+    with pytest.raises(nats_auth.CredentialsUnreadableError, match="nats token file"):
         options["token"]()
 
 
 def test_connect_options_build_tls_and_creds_callbacks(files):
-    options = auth.connect_options(
+    options = nats_auth.connect_options(
         NATSSettings(
             url="tls://h:4222",
             creds_file=files["creds"],

@@ -1,0 +1,1 @@
+"""dractl's commands, one module each; `services.dractl.registry` lists them."""
