@@ -16,6 +16,7 @@ class FakeClaimStatusAPI:
     def __init__(self) -> None:
         self.claims: dict[tuple[str, str], Obj] = {}
         self.puts: list[Obj] = []
+        self.gets = 0
         self.conflicts = 0
         """The next this many PUTs fail with 409, as if another writer came first."""
         self.refuse: str = ""
@@ -30,6 +31,7 @@ class FakeClaimStatusAPI:
         return self.claims[(namespace, name)]
 
     async def get(self, rt: ResourceType, name: str, *, namespace: str | None = None) -> Obj:
+        self.gets += 1
         try:
             return copy.deepcopy(self.claims[(namespace or "", name)])
         except KeyError:

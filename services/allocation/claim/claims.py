@@ -111,6 +111,9 @@ class AllocatedClaim:
     """The pods the claim is reserved for (`status.reservedFor`), when it was read."""
     pod_claim_name: str | None = None
     """`resource.kubernetes.io/pod-claim-name`: the pod's name for a claim from a template."""
+    resource: Obj | None = field(default=None, compare=False, repr=False)
+    """The claim object as read (with its resourceVersion): the claim's status write after the
+    prepare starts from it instead of reading the claim once more."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -186,6 +189,7 @@ def select(claim: Obj, *, ref: ClaimRef, driver: str, pool: str, node: str) -> A
         configs=configs,
         pods=pods,
         pod_claim_name=_pod_claim_name(shape, claim),
+        resource=claim,
     )
 
 

@@ -3,7 +3,8 @@ claim's device status); each call returns at once, as every sink's does."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from services.allocation.claim.checkpoint import PreparedClaim
 from services.allocation.claim.claims import PodRef
@@ -16,9 +17,15 @@ class Announcers:
     def __init__(self, *sinks: PreparedClaimSink) -> None:
         self._sinks = sinks
 
-    def prepared(self, record: PreparedClaim, *, pods: Sequence[PodRef] | None) -> None:
+    def prepared(
+        self,
+        record: PreparedClaim,
+        *,
+        pods: Sequence[PodRef] | None,
+        resource: Mapping[str, Any] | None = None,
+    ) -> None:
         for sink in self._sinks:
-            sink.prepared(record, pods=pods)
+            sink.prepared(record, pods=pods, resource=resource)
 
     def unprepared(self, uid: str) -> None:
         for sink in self._sinks:

@@ -16,8 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
-from typing import Protocol, cast
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol, cast
 
 import structlog
 
@@ -113,7 +113,13 @@ class PreparedClaimPublisher:
         self.synced = asyncio.Event()
         """Set whenever the KV holds exactly the wanted state (tests, readiness of the view)."""
 
-    def prepared(self, record: PreparedClaim, *, pods: Sequence[PodRef] | None) -> None:
+    def prepared(
+        self,
+        record: PreparedClaim,
+        *,
+        pods: Sequence[PodRef] | None,
+        resource: Mapping[str, Any] | None = None,
+    ) -> None:
         """`record` completed its prepare; `pods` from the claim it read, None when not read."""
         uid = record.uid
         self._records[uid] = record

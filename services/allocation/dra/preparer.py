@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 import structlog
@@ -91,7 +91,15 @@ class PreparedClaimSink(Protocol):
     """Where completed prepares and unprepares are announced (`claim_publisher`); both calls
     return at once, so that a prepare never waits on NATS."""
 
-    def prepared(self, record: PreparedClaim, *, pods: Sequence[PodRef] | None) -> None: ...
+    def prepared(
+        self,
+        record: PreparedClaim,
+        *,
+        pods: Sequence[PodRef] | None,
+        resource: Mapping[str, Any] | None = None,
+    ) -> None:
+        """`pods` and `resource` (the claim object) as this prepare read them; None when it
+        answered from the checkpoint without reading the claim."""
 
     def unprepared(self, uid: str) -> None: ...
 
@@ -328,7 +336,10 @@ class ClaimPreparer:
     def _announce_prepared(self, record: PreparedClaim, *, claim: AllocatedClaim | None) -> None:
         """Pods from the claim read by this prepare; None lets the sink find them."""
         if self._announce is not None:
-            self._announce.prepared(record, pods=claim.pods if claim is not None else None)
+            if claim is None:
+                self._announce.prepared(record, pods=None)
+            else:
+                self._announce.prepared(record, pods=claim.pods, resource=claim.resource)
 
     async def _start(self, record: PreparedClaim) -> None:
         """PrepareStarted and the CDI spec of a claim without partitions, concurrently. When

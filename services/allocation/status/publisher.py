@@ -77,15 +77,26 @@ class DeviceStatusPublisher:
         """Claim UID -> the record whose entries to write (prepared) or remove (unprepared)."""
         self._written: dict[str, list[Entry]] = {}
         """What each claim's entries were computed as when last written."""
+        self._read: dict[str, Mapping[str, Any]] = {}
+        """Claim UID -> the claim object its prepare read, for the first write (no GET)."""
         self._changed = asyncio.Event()
         self.idle = asyncio.Event()
         """Set whenever nothing is left to write (tests)."""
 
-    def prepared(self, record: PreparedClaim, *, pods: Sequence[PodRef] | None) -> None:
+    def prepared(
+        self,
+        record: PreparedClaim,
+        *,
+        pods: Sequence[PodRef] | None,
+        resource: Mapping[str, Any] | None = None,
+    ) -> None:
         self._records[record.uid] = record
+        if resource is not None:
+            self._read[record.uid] = resource
         self._mark(record)
 
     def unprepared(self, uid: str) -> None:
+        self._read.pop(uid, None)
         record = self._records.pop(uid, None)
         if record is not None:
             self._mark(record)
@@ -154,16 +165,22 @@ class DeviceStatusPublisher:
 
     async def _write(self, record: PreparedClaim, wanted: list[Entry]) -> None:
         """Read, merge, PUT; again on a conflict. Gone, replaced or refused: left alone."""
+        read = self._read.pop(record.uid, None)
         for _ in range(_CONFLICT_ATTEMPTS):
-            try:
-                claim = await self._kube.get(
-                    RESOURCE_CLAIMS, record.name, namespace=record.namespace
-                )
-            except KubeNotFoundError:
-                return
-            except KubeError as exc:
-                log.warning("device_status_refused", claim_uid=record.uid, error=str(exc))
-                return
+            if read is not None:
+                # As the prepare read it: a change since then makes the PUT conflict, and the
+                # next attempt reads the claim.
+                claim, read = dict(read), None
+            else:
+                try:
+                    claim = await self._kube.get(
+                        RESOURCE_CLAIMS, record.name, namespace=record.namespace
+                    )
+                except KubeNotFoundError:
+                    return
+                except KubeError as exc:
+                    log.warning("device_status_refused", claim_uid=record.uid, error=str(exc))
+                    return
             if (claim.get("metadata") or {}).get("uid") != record.uid:
                 return
             status = claim.get("status") or {}

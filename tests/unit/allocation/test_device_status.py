@@ -5,6 +5,7 @@ never touching another driver's entries."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import uuid
 from typing import Any
 
@@ -224,6 +225,32 @@ async def test_a_conflict_reads_the_claim_again(rig):
     rig.api.conflicts = 2
     rig.publisher.prepared(_record(uid, "gpu-0"), pods=None)
     await rig.settled()
+    assert len(rig.ours()) == 1
+
+
+async def test_the_first_write_starts_from_the_claim_the_prepare_read(rig):
+    uid = str(uuid.uuid4())
+    rig.api.put(_claim(uid, "gpu-0", others=(NIC_ENTRY,)))
+    read = rig.api.claim("default", "claim-a")
+    rig.publisher.prepared(_record(uid, "gpu-0"), pods=None, resource=read)
+    await rig.settled()
+    assert rig.api.gets == 0
+    assert len(rig.ours()) == 1
+    assert read["status"]["devices"] == [NIC_ENTRY]  # the prepare's object is left as it was
+    # Unprepared: no object was read for it, so the removal reads the claim.
+    rig.publisher.unprepared(uid)
+    await rig.settled()
+    assert (rig.api.gets, rig.ours()) == (1, [])
+
+
+async def test_a_claim_changed_since_the_prepare_read_it_is_read_again(rig):
+    uid = str(uuid.uuid4())
+    rig.api.put(_claim(uid, "gpu-0"))
+    stale = copy.deepcopy(rig.api.claim("default", "claim-a"))
+    rig.api.put({**stale, "metadata": {**stale["metadata"], "resourceVersion": "2"}})
+    rig.publisher.prepared(_record(uid, "gpu-0"), pods=None, resource=stale)
+    await rig.settled()
+    assert rig.api.gets == 1
     assert len(rig.ours()) == 1
 
 
