@@ -21,8 +21,11 @@ $(STAMP): pyproject.toml constraints.txt
 	@touch $@
 
 ## Unit + integration tests (real nats-server, real gRPC on unix sockets, the API emulator).
+## In TEST_WORKERS processes (pytest-xdist): the tests mostly wait on real servers and
+## processes, so even 2 cores run 4 workers well. TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 4
 test: venv
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS)
 
 unit: venv
 	$(BIN)/pytest -q tests/unit
