@@ -6,10 +6,15 @@ Phases and figures (merged into bench/results.json):
 - converge: every node's inventory in the KV and its ResourceSlice in the API
   (`scale_converge_s`), with the CPU seconds each process used meanwhile
   (`scale_converge_cpu_s_{sim,emulator,nats}`: the largest is the bottleneck);
-- at rest for `--steady-s`: API requests (watches aside) and writes
+- at rest for `--steady-s`, once the health agents write no faster than their refreshes
+  (`scale_settle_s` after convergence): API requests (watches aside) and writes
   (`scale_steady_api_writes_60s`, `scale_steady_api_requests_per_node_min`), messages the
   agents published (`scale_steady_nats_msgs_per_node_min`, from each server's client
   connections);
+- the same window again with the machine busy (`scale_steady_busy_*`): a CPU hog process per
+  core, as other work on a node would run; with both windows, the consumer creations seen
+  (`scale_watch_restarts`: each KV watch (re)start creates one) and what the agents published
+  there, by subject family (`scale_steady_busy_subjects`);
 - a fault storm, 10 % of all devices failing within 10 s through the agents' fault control:
   `scale_fault_storm_alerts_per_s`, and the alert stream's own capacity, a burst published as
   fast as the cluster acks it (`scale_alert_stream_burst_per_s`); a durable consumer counts
@@ -24,16 +29,20 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import random
+import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import nats.errors
+from nats.aio.msg import Msg
 from nats.js import api
 
 from bench.scale_fleet import DRIVER, Fleet, cpu_s, node_name, rss_mb
@@ -56,6 +65,8 @@ STORM_WINDOW_S = 10.0
 BURST = 10_000
 _AUDIT = "scale-audit"
 _SETTLE_S = 15.0
+_SETTLE_WINDOW_S = 10.0
+_HEALTH_REFRESH_S = 600.0  # the health agents' default --health-refresh-s
 
 
 async def _wait(probe: Any, *, what: str, timeout_s: float, every_s: float = 1.0) -> None:
@@ -72,6 +83,30 @@ async def _inventories(bus: Bus) -> int:
     except (nats.errors.Error, TimeoutError):
         return 0
     return int(info.state.messages)  # history 1: one message per key
+
+
+async def _health_seq(bus: Bus) -> int:
+    try:
+        info = await bus.js.stream_info(bus.names.kv_stream(bus.names.health_bucket))
+    except (nats.errors.Error, TimeoutError):
+        return 0
+    return int(info.state.last_seq)
+
+
+async def _settle(bus: Bus, *, devices: int, timeout_s: float) -> float:
+    """Seconds until the health agents write no faster than their refreshes (every record
+    about once per `_HEALTH_REFRESH_S`): converged inventories and slices come before every
+    health agent has written its first records and evaluated the inventory."""
+    start = time.monotonic()
+    at_rest = devices * _SETTLE_WINDOW_S / _HEALTH_REFRESH_S * 2 + 5
+    before = await _health_seq(bus)
+    while time.monotonic() - start < timeout_s:
+        await asyncio.sleep(_SETTLE_WINDOW_S)
+        now = await _health_seq(bus)
+        if now - before <= at_rest:
+            break
+        before = now
+    return round(time.monotonic() - start, 1)
 
 
 async def _slice_nodes(kube: KubeClient) -> int:
@@ -121,13 +156,14 @@ def _start_requests(calls: list[dict[str, Any]], *, nodes: int) -> dict[str, flo
     }
 
 
-async def _steady(fleet: Fleet, *, seconds: float) -> dict[str, float]:
+async def _steady(fleet: Fleet, bus: Bus, *, seconds: float) -> dict[str, Any]:
     # The first health records and evaluations of a fresh start are not "at rest".
-    await asyncio.sleep(_SETTLE_S)
+    settle_s = await _settle(bus, devices=fleet.nodes * DEVICES_PER_NODE, timeout_s=300.0)
     _api_requests(fleet, clear=True)
-    msgs_before = _client_msgs(fleet)
-    await asyncio.sleep(seconds)
-    by_agent = _client_msgs(fleet)
+    async with _published(bus) as seen:
+        msgs_before = _client_msgs(fleet)
+        await asyncio.sleep(seconds)
+        by_agent = _client_msgs(fleet)
     by_agent.subtract(msgs_before)
     msgs = sum(by_agent.values())
     calls = [r for r in _api_requests(fleet) if r["verb"] != "watch"]
@@ -135,6 +171,7 @@ async def _steady(fleet: Fleet, *, seconds: float) -> dict[str, float]:
     per_min = 60.0 / seconds / fleet.nodes
     return {
         "scale_steady_s": seconds,
+        "scale_settle_s": settle_s,
         "scale_steady_api_writes_60s": round(len(writes) * 60.0 / seconds),
         "scale_steady_api_requests_per_node_min": round(len(calls) * per_min, 4),
         "scale_steady_nats_msgs_per_node_min": round(msgs * per_min, 3),
@@ -142,6 +179,73 @@ async def _steady(fleet: Fleet, *, seconds: float) -> dict[str, float]:
             f"scale_steady_nats_msgs_per_node_min_{agent}": round(count * per_min, 3)
             for agent, count in sorted(by_agent.items())
         },
+        "scale_steady_watch_restarts": seen["$JS.API.CONSUMER.CREATE"],
+        "scale_steady_subjects": dict(seen.most_common(8)),
+    }
+
+
+_HOG = "while True: pass"
+
+
+@contextlib.contextmanager
+def _cpu_hogs(count: int) -> Iterator[None]:
+    """`count` processes that each keep a core busy."""
+    hogs = [subprocess.Popen([sys.executable, "-c", _HOG]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+        for hog in hogs:
+            hog.wait()
+
+
+def _family(subject: str) -> str:
+    """`$KV.dra_health.<key>` -> `$KV.dra_health`; `$JS.API.CONSUMER.CREATE.<...>` -> its verb."""
+    tokens = subject.split(".")
+    if tokens[:2] == ["$JS", "API"]:
+        return ".".join(tokens[:4])
+    return ".".join(tokens[:2])
+
+
+@contextlib.asynccontextmanager
+async def _published(bus: Bus) -> AsyncIterator[Counter[str]]:
+    """What clients publish (the open bus lets a `>` subscription see it), by subject family;
+    the server's deliveries to inboxes aside."""
+    seen: Counter[str] = Counter()
+
+    async def count(msg: Msg) -> None:
+        if not msg.subject.startswith("_INBOX."):
+            seen[_family(msg.subject)] += 1
+
+    subscription = await bus.nc.subscribe(">", cb=count)
+    try:
+        yield seen
+    finally:
+        await subscription.unsubscribe()
+
+
+async def _steady_busy(fleet: Fleet, bus: Bus, *, seconds: float) -> dict[str, Any]:
+    """The at-rest window again while every core is busy with something else."""
+    cores = os.cpu_count() or 1
+    with _cpu_hogs(cores):
+        await asyncio.sleep(_SETTLE_S)  # the agents' loops fall behind first
+        async with _published(bus) as seen:
+            msgs_before = _client_msgs(fleet)
+            await asyncio.sleep(seconds)
+            by_agent = _client_msgs(fleet)
+    by_agent.subtract(msgs_before)
+    per_min = 60.0 / seconds / fleet.nodes
+    restarts = seen["$JS.API.CONSUMER.CREATE"]
+    return {
+        "scale_steady_busy_hogs": cores,
+        "scale_steady_busy_nats_msgs_per_node_min": round(sum(by_agent.values()) * per_min, 3),
+        **{
+            f"scale_steady_busy_nats_msgs_per_node_min_{agent}": round(count * per_min, 3)
+            for agent, count in sorted(by_agent.items())
+        },
+        "scale_steady_busy_watch_restarts": restarts,
+        "scale_steady_busy_subjects": dict(seen.most_common(8)),
     }
 
 
@@ -313,9 +417,12 @@ async def _phases(figures: dict[str, Any], fleet: Fleet, bus: Bus, *, steady_s: 
         figures["scale_dractl_health_all_s"] = round(await _dractl_health_all_s(fleet), 2)
 
     async def steady() -> None:
-        figures.update(await _steady(fleet, seconds=steady_s))
+        figures.update(await _steady(fleet, bus, seconds=steady_s))
 
-    for phase in (steady, storm, burst, audit, dractl):
+    async def steady_busy() -> None:
+        figures.update(await _steady_busy(fleet, bus, seconds=steady_s))
+
+    for phase in (steady, steady_busy, storm, burst, audit, dractl):
         try:
             await phase()
         except Exception as exc:  # a failed phase is a figure too; the others still count
