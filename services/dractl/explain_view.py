@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
+from services.allocator.exclusion import Rule
 from services.allocator.explanation import Explanation, PodExplanation
 from services.allocator.node_report import AlternativeReport, NodeReport
 
@@ -77,7 +78,10 @@ def table(
     *,
     out: TextIO,
     statuses: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    wide: bool = False,
 ) -> None:
+    """`wide` also lists, per request, the devices outside its DeviceClass (only counted
+    otherwise: on a mixed node they would bury the devices the request could have had)."""
     for explanation in explanations:
         if isinstance(explanation, PodExplanation):
             _pod_lines(explanation, out=out)
@@ -89,7 +93,7 @@ def table(
             f"node{'s' if len(explanation.nodes) != 1 else ''}\n"
         )
         for report in explanation.nodes:
-            _node_lines(report, out=out)
+            _node_lines(report, out=out, wide=wide)
         if explanation.closest:
             change = explanation.change or "no single change makes it fit"
             out.write(f"closest node: {explanation.closest}; change: {change}\n")
@@ -114,7 +118,7 @@ def _pod_lines(explanation: PodExplanation, *, out: TextIO) -> None:
             )
 
 
-def _node_lines(report: NodeReport, *, out: TextIO) -> None:
+def _node_lines(report: NodeReport, *, out: TextIO, wide: bool) -> None:
     if report.fits:
         picks = ", ".join(_pick(r.as_json()) for r in report.allocation)
         out.write(f"  {report.node}: fits: {picks}\n")
@@ -132,9 +136,13 @@ def _node_lines(report: NodeReport, *, out: TextIO) -> None:
             f"    request {alternative.name}: needs {needed}, "
             f"{alternative.candidates} candidate{'s' if alternative.candidates != 1 else ''}\n"
         )
-        width = max((len(v.device) for v in alternative.devices), default=0)
-        for verdict in alternative.devices:
+        shown = [v for v in alternative.devices if wide or v.exclusion.rule != Rule.CLASS_SELECTOR]
+        width = max((len(v.device) for v in shown), default=0)
+        for verdict in shown:
             out.write(f"      {verdict.device:<{width}}  {verdict.exclusion.message}\n")
+        if hidden := len(alternative.devices) - len(shown):
+            plural = "s" if hidden != 1 else ""
+            out.write(f"      (+{hidden} device{plural} outside the class; -o wide lists them)\n")
 
 
 def _status_lines(devices: Sequence[Mapping[str, Any]], *, out: TextIO) -> None:

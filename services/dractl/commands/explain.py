@@ -163,7 +163,7 @@ def _render(
     elif output == "yaml":
         yaml.safe_dump(data[0] if len(data) == 1 else data, out, sort_keys=False)
     else:
-        explain_view.table(explanations, out=out, statuses=statuses)
+        explain_view.table(explanations, out=out, statuses=statuses, wide=output == "wide")
 
 
 async def explain_claims(

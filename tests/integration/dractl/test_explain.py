@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,24 @@ async def test_devices_held_by_another_claim_are_named_and_freeing_them_is_the_c
         "node": "node-a",
         "change": f"deallocate claim default/holder-node-a, which holds {DRIVER}/node-a/npu-4",
     }
+
+
+async def test_the_table_lists_the_devices_of_the_class_and_wide_lists_the_rest(
+    client, kube_settings
+):
+    for node in ("node-a", "node-b"):
+        holder = _claim(f"holder-{node}", count=3, cel="")
+        await _allocate(client, holder, node=node, devices=["npu-4", "npu-5", "npu-6"])
+    await client.create(resources.RESOURCE_CLAIMS, _claim("pair"), namespace="default")
+    code, table = await _explain(kube_settings, "pair", "--node", "node-a")
+    assert code == 1
+    assert "npu-4  allocated to claim default/holder-node-a" in table
+    assert "/gpu-0" not in table
+    assert re.search(r"\(\+\d+ devices? outside the class; -o wide lists them\)", table)
+    code, wide = await _explain(kube_settings, "pair", "--node", "node-a", "-o", "wide")
+    assert code == 1
+    assert "/gpu-0" in wide
+    assert "outside the class" not in wide
 
 
 async def test_a_device_taint_rule_blocks_untolerating_requests(client, kube_settings):
