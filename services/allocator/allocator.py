@@ -311,7 +311,8 @@ class Attempt:
                 and constraint.applies(p.alternative.request, p.alternative.subrequest)
             ]
             with_what = f" with request {others[0]}" if others else ""
-            message = f"constraint {constraint.describe()} conflicts{with_what}"
+            conflict = constraint.conflict(device)
+            message = f"constraint {constraint.describe()} conflicts{with_what}: {conflict}"
             return Exclusion(Rule.CONSTRAINT, message, {"constraint": constraint.index})
         return None
 

@@ -57,6 +57,16 @@ class Constraint:
         self._values[value] = count + 1
         return True
 
+    def conflict(self, device: Device) -> str:
+        """Why `device` cannot join the devices tracked so far (after `add` refused it)."""
+        value = device.typed_attribute(self.attribute)
+        if value is None:
+            return f"the device has no {self.attribute}"
+        if self.distinct:
+            return f"its {self.attribute} {_shown(value)} is taken"
+        others = ", ".join(sorted(_shown(v) for v in self._values))
+        return f"its {self.attribute} is {_shown(value)}, the others' {others}"
+
     def remove(self, request: str, subrequest: str, device: Device) -> None:
         if not self.applies(request, subrequest):
             return
@@ -67,3 +77,11 @@ class Constraint:
                 self._values[value] = count
             else:
                 del self._values[value]
+
+
+def _shown(value: tuple[str, Any]) -> str:
+    """An attribute value as the slice writes it: `3`, `a`, `true`, `1.2.0`."""
+    kind, raw = value
+    if kind == "bool":
+        return "true" if raw else "false"
+    return str(raw)
