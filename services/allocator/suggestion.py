@@ -1,10 +1,11 @@
 """The one change that would make a claim fit on a node, when there is one (pure).
 
 Candidate edits come from the node's exclusions, each tried alone with the allocator itself:
-tolerate a taint that blocks devices, free the devices another claim holds, drop a claim
-selector that excludes devices, drop a constraint that conflicts, lower a request's count to
-the candidates there are, or drop a request's capacity requests. The first edit under which the
-claim fits is the answer; "" when no single edit does.
+tolerate a taint that blocks devices, drop a constraint that conflicts, lower a request's count
+to the candidates there are, drop a request's capacity requests, drop a claim selector that
+excludes devices, or free the devices another claim holds. The first edit under which the
+claim fits is the answer, in that order (the author's own changes before evicting another
+claim); "" when no single edit does.
 """
 
 from __future__ import annotations
@@ -63,13 +64,16 @@ def _edits(cluster: Cluster, claim: ClaimSpec, report: NodeReport) -> Iterator[E
         yield from by_rule[rule]
 
 
+# What the claim's author can change comes first (a toleration, a constraint, the count, the
+# capacity, a selector); freeing devices another claim holds means evicting someone else's
+# pods, so it is the last resort.
 _PREFERENCE = (
     Rule.TAINT,
-    Rule.ALLOCATED,
     Rule.CONSTRAINT,
     "count",
     Rule.CAPACITY,
     Rule.CLAIM_SELECTOR,
+    Rule.ALLOCATED,
 )
 
 
