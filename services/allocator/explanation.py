@@ -75,6 +75,9 @@ class PodNodeReport:
     allocation: tuple[tuple[str, tuple[AllocationResult, ...]], ...] = ()
     """(claim, its results) for each claim of the pod, when they fit together."""
     error: str = ""
+    reason: str = ""
+    """Why the claims do not fit here: the first claim that does not fit alone (and what it
+    lacks), or that each fits alone but not all together."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,8 +105,29 @@ def explain_pod(
         except (SelectorError, UnsatisfiableError) as exc:
             reports.append(PodNodeReport(node, False, error=str(exc)))
             continue
+        if not fits:
+            reports.append(
+                PodNodeReport(node, False, reason=_why_not_together(cluster, claims, node))
+            )
+            continue
         allocation = tuple(
             (claim.ref, tuple(attempt.results(claim=i))) for i, claim in enumerate(claims)
         )
-        reports.append(PodNodeReport(node, fits, allocation if fits else ()))
+        reports.append(PodNodeReport(node, True, allocation))
     return PodExplanation(pod, tuple(c.ref for c in claims), tuple(reports))
+
+
+def _why_not_together(cluster: Cluster, claims: Sequence[ClaimSpec], node: str) -> str:
+    for claim in claims:
+        report = explain_node(cluster, claim, node=node)
+        if report.error:
+            return f"claim {claim.ref}: {report.error}"
+        if not report.fits:
+            short = "; ".join(
+                f"request {r.name} needs {'all' if r.needed is None else r.needed}, "
+                f"{r.candidates} candidate{'s' if r.candidates != 1 else ''}"
+                for r in report.requests
+                if r.needed is None or r.candidates < r.needed
+            )
+            return f"claim {claim.ref} does not fit here alone" + (f" ({short})" if short else "")
+    return "each claim fits alone, but not all of them together (they need the same devices)"

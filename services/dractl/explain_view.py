@@ -40,6 +40,8 @@ def _pod(explanation: PodExplanation) -> dict[str, Any]:
             }
         if report.error:
             node["error"] = report.error
+        if report.reason:
+            node["reason"] = report.reason
         nodes.append(node)
     return {
         "pod": explanation.pod,
@@ -113,9 +115,8 @@ def _pod_lines(explanation: PodExplanation, *, out: TextIO) -> None:
             )
             out.write(f"  {report.node}: fits: {picks}\n")
         else:
-            out.write(
-                f"  {report.node}: does not fit{': ' + report.error if report.error else ''}\n"
-            )
+            why = report.error or report.reason
+            out.write(f"  {report.node}: does not fit{': ' + why if why else ''}\n")
 
 
 def _node_lines(report: NodeReport, *, out: TextIO, wide: bool) -> None:

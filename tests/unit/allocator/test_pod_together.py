@@ -43,6 +43,21 @@ def test_claims_that_each_fit_may_not_fit_together():
     assert Attempt(cluster, second, node="node-a").run()
     pod = explain_pod(cluster, "default/p", [first, second], nodes=["node-a"])
     assert not pod.fits
+    (report,) = pod.nodes
+    assert report.reason == (
+        "each claim fits alone, but not all of them together (they need the same devices)"
+    )
+
+
+def test_a_claim_that_does_not_fit_alone_is_named_with_what_it_lacks():
+    cluster = _cluster(4)
+    pod = explain_pod(
+        cluster, "default/p", [_claim(cluster, "a", 2), _claim(cluster, "b", 6)], nodes=["node-a"]
+    )
+    (report,) = pod.nodes
+    assert (
+        report.reason == "claim default/b does not fit here alone (request r needs 6, 4 candidates)"
+    )
 
 
 def test_claims_that_fit_together_get_different_devices():
