@@ -37,7 +37,6 @@ from services.allocation.claim.claims import (
 from services.allocation.dra import planning
 from services.allocation.dra.preparer import ClaimPreparer
 from services.allocation.mps import layout
-from services.allocation.mps.daemons import MpsDaemons
 from services.allocation.partitions.sim import SimPartitionManager
 from shared.errors import ClaimError, DeviceNotAllocatableError, InvalidOpaqueConfigError
 from shared.pb.drasuite.v1 import inventory_pb2
@@ -45,6 +44,7 @@ from tests.fakes import mps_control
 from tests.fakes.allocation_sources import FakeInventory
 from tests.unit.allocation.test_mps_daemons import GPU
 from tests.unit.allocation.test_on_demand_partitions import _gpu_mig_inventory
+from tests.unit.allocation.test_preparer_mps import Node as MpsNode
 from tests.unit.allocation.test_preparer_mps import _inventory as _shared_gpu_inventory
 
 DRIVER = "sim.dra-suite.io"
@@ -388,34 +388,6 @@ async def test_an_admin_claim_on_a_partitioned_gpu_gets_it_as_it_is_and_removes_
 
 
 # --- the preparer, with MPS ----------------------------------------------------------------
-
-
-class MpsNode:
-    def __init__(self, base: Path, kube: Any, binary: Path) -> None:
-        self.base, self.kube, self.binary = base, kube, binary
-        self.preparer, self.checkpoints, self.daemons = self.start()
-
-    def start(self) -> tuple[ClaimPreparer, CheckpointStore, MpsDaemons]:
-        checkpoints = CheckpointStore(self.base / "checkpoint")
-        checkpoints.load()
-        (self.base / "cdi").mkdir(parents=True, exist_ok=True)
-        daemons = MpsDaemons(self.base / "mps", binary=str(self.binary), timeout_s=5)
-        preparer = ClaimPreparer(
-            claims=ClaimReader(self.kube, driver=DRIVER, pool=NODE),
-            inventory=FakeInventory(_shared_gpu_inventory()),
-            checkpoints=checkpoints,
-            cdi_writer=CDIWriter(self.base / "cdi", driver=DRIVER),
-            driver=DRIVER,
-            backend="sim",
-            mps=daemons,
-        )
-        return preparer, checkpoints, daemons
-
-    def restart(self) -> None:
-        self.preparer, self.checkpoints, self.daemons = self.start()
-
-    def daemon_pids(self) -> list[int]:
-        return mps_control.pids(self.base / "mps")
 
 
 @pytest.fixture
