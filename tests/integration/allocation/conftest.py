@@ -30,6 +30,7 @@ from services.allocation.claim.checkpoint import CheckpointStore
 from services.allocation.cli import CRASH_AT_ENV
 from services.allocation.config import AllocationConfig
 from services.allocation.dra.agent import AllocationAgent
+from services.discovery.backends.sim import SimBackend
 from shared.bus import codec
 from shared.bus.connection import Bus
 from shared.config import KubeSettings, NATSSettings
@@ -185,6 +186,24 @@ class PluginNode:
                 )
                 for name in names
             ],
+        )
+        key = self.bus.names.inventory_key(DRIVER, NODE)
+        await self.bus.kv_put(self.bus.names.inventory_bucket, key, codec.encode(inventory))
+        return inventory
+
+    async def publish_profile(self, profile: str) -> inventory_pb2.Inventory:
+        """What the discovery agent publishes for a shipped sim profile (devices and shared
+        counters), with the next generation."""
+        scan = await SimBackend.from_profile(profile).scan()
+        self._generation += 1
+        inventory = inventory_pb2.Inventory(
+            driver=DRIVER,
+            node=NODE,
+            pool=NODE,
+            backend="sim",
+            generation=self._generation,
+            devices=scan.devices,
+            shared_counters=scan.shared_counters,
         )
         key = self.bus.names.inventory_key(DRIVER, NODE)
         await self.bus.kv_put(self.bus.names.inventory_bucket, key, codec.encode(inventory))

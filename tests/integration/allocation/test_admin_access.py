@@ -19,9 +19,6 @@ import pytest
 
 from devcluster.kubelet import KubeletClaim, KubeletEmulator
 from services.allocation.mps.daemons import MpsDaemons
-from services.discovery.backends import sim
-from shared.bus import codec
-from shared.pb.drasuite.v1 import inventory_pb2
 from tests.fakes import mps_control
 
 pytestmark = pytest.mark.integration
@@ -31,23 +28,6 @@ NODE = "node-a"
 ONE_G_AT_3 = "gpu-0-mig-1g10gb-19-3"
 ONE_G_AT_5 = "gpu-0-mig-1g10gb-19-5"
 ADMIN_NAMESPACE = {"resource.kubernetes.io/admin-access": "true"}
-
-
-async def _publish_profile(plugin_node, profile: str) -> None:
-    """What the discovery agent publishes for a shipped sim profile."""
-    scan = await sim.SimBackend.from_profile(profile).scan()
-    inventory = inventory_pb2.Inventory(
-        driver=DRIVER,
-        node=NODE,
-        pool=NODE,
-        backend="sim",
-        generation=1,
-        devices=scan.devices,
-        shared_counters=scan.shared_counters,
-    )
-    bus = plugin_node.bus
-    key = bus.names.inventory_key(DRIVER, NODE)
-    await bus.kv_put(bus.names.inventory_bucket, key, codec.encode(inventory))
 
 
 def _admin_namespace(plugin_node) -> None:
@@ -101,7 +81,7 @@ def _placements(plugin_node) -> list[tuple[str, str, int]]:
 async def test_admin_access_to_an_option_made_on_demand_fails_alone_and_makes_no_partition(
     plugin_node,
 ):
-    await _publish_profile(plugin_node, "gpu-mig")
+    await plugin_node.publish_profile("gpu-mig")
     _admin_namespace(plugin_node)
     async with plugin_node.registered() as (agent, kubelet):
         await plugin_node.eventually(lambda: agent.inventory.current is not None)
@@ -153,7 +133,7 @@ def fake(plugin_node) -> Iterator[Path]:
 async def test_admin_access_to_a_shared_gpu_takes_no_share_and_leaves_the_sharer_alone(
     plugin_node, fake
 ):
-    await _publish_profile(plugin_node, "gpu-shared")
+    await plugin_node.publish_profile("gpu-shared")
     _admin_namespace(plugin_node)
     daemons = MpsDaemons(plugin_node.config.mps_dir, binary=str(fake))
     async with plugin_node.registered(mps_control_path=str(fake)) as (agent, kubelet):

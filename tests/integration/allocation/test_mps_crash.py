@@ -15,9 +15,6 @@ from devcluster.kubelet import KubeletClaim, KubeletEmulator, KubeletError
 from devcluster.processes import ChildProcess
 from services.allocation.claim.checkpoint import ClaimState, PreparedMps
 from services.allocation.mps.daemons import MpsDaemons
-from services.discovery.backends import sim
-from shared.bus import codec
-from shared.pb.drasuite.v1 import inventory_pb2
 from tests.fakes import mps_control
 
 pytestmark = pytest.mark.integration
@@ -41,16 +38,6 @@ def fake(plugin_node) -> Iterator[Path]:
     binary = mps_control.install(plugin_node.base / "bin")
     yield binary
     mps_control.kill_all(plugin_node.base)
-
-
-async def _publish_gpu_shared(plugin_node) -> None:
-    scan = await sim.SimBackend.from_profile("gpu-shared").scan()
-    inventory = inventory_pb2.Inventory(
-        driver=DRIVER, node=NODE, pool=NODE, backend="sim", generation=1, devices=scan.devices
-    )
-    bus = plugin_node.bus
-    key = bus.names.inventory_key(DRIVER, NODE)
-    await bus.kv_put(bus.names.inventory_bucket, key, codec.encode(inventory))
 
 
 @contextlib.asynccontextmanager
@@ -82,7 +69,7 @@ async def _prepare_ok(kubelet: KubeletEmulator, claim: KubeletClaim) -> None:
 
 
 async def test_a_crash_after_the_daemon_started_adopts_it_and_unprepare_stops_it(plugin_node, fake):
-    await _publish_gpu_shared(plugin_node)
+    await plugin_node.publish_profile("gpu-shared")
     claim = plugin_node.allocate("shared", ["gpu-0"], parameters=CONFIG)
     crash = _agent(plugin_node, fake, crash_at="mps-started")
     async with _running(plugin_node, crash) as kubelet:
@@ -112,7 +99,7 @@ async def test_a_crash_after_the_daemon_started_adopts_it_and_unprepare_stops_it
 
 
 async def test_a_crash_during_unprepare_leaves_the_daemon_for_the_retry_to_stop(plugin_node, fake):
-    await _publish_gpu_shared(plugin_node)
+    await plugin_node.publish_profile("gpu-shared")
     claim = plugin_node.allocate("shared", ["gpu-0"], parameters=CONFIG)
     crash = _agent(plugin_node, fake, crash_at="unprepare-cdi-removed")
     async with _running(plugin_node, crash) as kubelet:

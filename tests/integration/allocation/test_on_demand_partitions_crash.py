@@ -12,9 +12,6 @@ import pytest
 from devcluster.kubelet import KubeletClaim, KubeletEmulator, KubeletError
 from services.allocation.cdi import spec_files
 from services.allocation.claim.checkpoint import ClaimState
-from services.discovery.backends import sim
-from shared.bus import codec
-from shared.pb.drasuite.v1 import inventory_pb2
 from tests.integration.allocation.crash_harness import running as _running
 
 pytestmark = pytest.mark.integration
@@ -22,22 +19,6 @@ pytestmark = pytest.mark.integration
 DRIVER = "sim.dra-suite.io"
 NODE = "node-a"
 OPTIONS = ["gpu-0-mig-1g10gb-19-0", "gpu-0-mig-1g10gb-19-4"]
-
-
-async def _publish_gpu_mig(plugin_node) -> None:
-    scan = await sim.SimBackend.from_profile("gpu-mig").scan()
-    inventory = inventory_pb2.Inventory(
-        driver=DRIVER,
-        node=NODE,
-        pool=NODE,
-        backend="sim",
-        generation=1,
-        devices=scan.devices,
-        shared_counters=scan.shared_counters,
-    )
-    bus = plugin_node.bus
-    key = bus.names.inventory_key(DRIVER, NODE)
-    await bus.kv_put(bus.names.inventory_bucket, key, codec.encode(inventory))
 
 
 async def _prepared(kubelet: KubeletEmulator, claim: KubeletClaim) -> list[list[str]]:
@@ -49,7 +30,7 @@ async def _prepared(kubelet: KubeletEmulator, claim: KubeletClaim) -> list[list[
 async def test_a_crash_after_the_first_on_demand_partition_neither_leaks_nor_duplicates_it(
     plugin_node,
 ):
-    await _publish_gpu_mig(plugin_node)
+    await plugin_node.publish_profile("gpu-mig")
     claim = plugin_node.allocate("mig", OPTIONS)
     crash = plugin_node.process(crash_at="partition-created")
     async with _running(plugin_node, crash) as (process, kubelet):
