@@ -15,8 +15,9 @@ import trustme
 
 from shared.bus.connection import Bus
 from shared.config import NATSSettings
+from shared.supervisor import Agent, run_agent
 
-__all__ = ["PKI", "BusRun", "eventually", "exercise", "logged", "running_bus"]
+__all__ = ["PKI", "BusRun", "eventually", "exercise", "logged", "running_agents", "running_bus"]
 
 T = TypeVar("T")
 
@@ -91,6 +92,26 @@ async def running_bus(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+@contextlib.asynccontextmanager
+async def running_agents(*agents: Agent) -> AsyncIterator[None]:
+    """`agents` in this process, once all are ready; each must stop cleanly (exit 0)."""
+    stop = asyncio.Event()
+    tasks = [
+        asyncio.create_task(run_agent(agent, grace_s=5, stop=stop, handle_signals=False))
+        for agent in agents
+    ]
+    try:
+        await eventually(
+            lambda: all(a.ready.is_set() for a in agents) or any(t.done() for t in tasks),
+            timeout_s=15,
+        )
+        assert not any(t.done() for t in tasks), "an agent stopped during start"
+        yield
+    finally:
+        stop.set()
+        assert [await asyncio.wait_for(task, 15) for task in tasks] == [0] * len(agents)
 
 
 async def exercise(bus: Bus) -> None:

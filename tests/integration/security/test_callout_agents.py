@@ -9,11 +9,9 @@ enforce`: every record is signed by its writer's certified key and every reader 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import os
 import sys
-from collections.abc import AsyncIterator, MutableMapping
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +27,6 @@ from services.health.config import HealthConfig
 from shared.bus.connection import Bus
 from shared.config import KubeSettings
 from shared.pb.drasuite.v1 import alert_pb2, health_pb2
-from shared.supervisor import Agent, run_agent
 from tests.integration.security.callout_stack import (
     DRIVER,
     OPERATOR,
@@ -38,24 +35,11 @@ from tests.integration.security.callout_stack import (
     connected,
     eventually_async,
 )
-from tests.integration.security.secure_nats import eventually
+from tests.integration.security.secure_nats import eventually, running_agents
 
 pytestmark = pytest.mark.integration
 
 NODE = "node-a"
-
-
-@contextlib.asynccontextmanager
-async def _running(agent: Agent) -> AsyncIterator[None]:
-    stop = asyncio.Event()
-    task = asyncio.create_task(run_agent(agent, grace_s=5, stop=stop, handle_signals=False))
-    try:
-        await eventually(lambda: agent.ready.is_set() or task.done(), timeout_s=15)
-        assert not task.done(), "the agent stopped during start"
-        yield
-    finally:
-        stop.set()
-        assert await asyncio.wait_for(task, 15) == 0
 
 
 def _allocation(
@@ -101,7 +85,7 @@ async def test_agents_and_the_operator_work_on_the_secured_bus(
         )
         operator = stack.settings(await stack.token(OPERATOR))
         async with (
-            _running(discovery), _running(health),
+            running_agents(discovery), running_agents(health),
             connected(operator, component="operator") as admin,
         ):  # fmt: skip
             inventory = await eventually_async(

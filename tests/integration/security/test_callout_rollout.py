@@ -8,9 +8,7 @@ is still there, read by an operator and by the agents' own node-scoped identitie
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator, MutableMapping
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +27,7 @@ from shared.bus.connection import Bus
 from shared.bus.subjects import Names
 from shared.config import KubeSettings, NATSSettings
 from shared.pb.drasuite.v1 import health_pb2, inventory_pb2
-from shared.supervisor import Agent, run_agent
+from shared.supervisor import Agent
 from tests.integration.security.callout_stack import (
     DRIVER,
     OPERATOR,
@@ -37,26 +35,11 @@ from tests.integration.security.callout_stack import (
     connected,
     eventually_async,
 )
-from tests.integration.security.secure_nats import eventually
+from tests.integration.security.secure_nats import running_agents
 
 pytestmark = pytest.mark.integration
 
 NODE = "node-a"
-
-
-@contextlib.asynccontextmanager
-async def _running(*agents: Agent) -> AsyncIterator[None]:
-    stop = asyncio.Event()
-    tasks = [
-        asyncio.create_task(run_agent(agent, grace_s=5, stop=stop, handle_signals=False))
-        for agent in agents
-    ]
-    try:
-        await eventually(lambda: all(agent.ready.is_set() for agent in agents), timeout_s=15)
-        yield
-    finally:
-        stop.set()
-        assert [await asyncio.wait_for(task, 15) for task in tasks] == [0] * len(agents)
 
 
 def _agents(nats: dict[str, NATSSettings], kube: KubeSettings) -> tuple[Agent, Agent]:
@@ -104,7 +87,7 @@ async def test_agents_roll_onto_the_secured_bus_and_nothing_is_lost(
         plain = NATSSettings(url=open_bus.url)
         await _buckets_as_an_older_release_made_them(open_bus.url)
         agents = _agents({"discovery": plain, "health": plain}, kube_settings)
-        async with _running(*agents), connected(plain) as admin:
+        async with running_agents(*agents), connected(plain) as admin:
             await eventually_async(lambda: queries.inventory(admin, driver=DRIVER, node=NODE))
             command = health_pb2.FaultCommand(device="gpu-1", cause="xid", code="79")
             # The health agent may see the inventory a moment after dractl does.
@@ -140,7 +123,7 @@ async def test_agents_roll_onto_the_secured_bus_and_nothing_is_lost(
             "health": await stack.agent_settings("dra-health", NODE),
         }
         async with (
-            _running(*_agents(nats, kube_settings)),
+            running_agents(*_agents(nats, kube_settings)),
             connected(operator, component="operator") as admin,
         ):
             # The agents came back under their node-scoped identities and carry on from the

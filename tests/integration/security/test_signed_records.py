@@ -34,7 +34,6 @@ from shared.bus.subjects import Names
 from shared.config import KubeSettings
 from shared.errors import MalformedMessageError
 from shared.pb.drasuite.v1 import alert_pb2, inventory_pb2
-from shared.supervisor import run_agent
 from tests.integration.security.callout_stack import (
     DRIVER,
     OPERATOR,
@@ -44,7 +43,7 @@ from tests.integration.security.callout_stack import (
     eventually_async,
     raw_client,
 )
-from tests.integration.security.secure_nats import eventually
+from tests.integration.security.secure_nats import eventually, running_agents
 
 pytestmark = pytest.mark.integration
 
@@ -67,15 +66,8 @@ async def _discovery(stack: CalloutStack, kube: KubeSettings, node: str) -> Asyn
         nats=await stack.agent_settings("dra-discovery", node), kube=kube, node_name=node,
         driver_name=DRIVER, sim_profile="gpu",
     ))  # fmt: skip
-    stop = asyncio.Event()
-    task = asyncio.create_task(run_agent(agent, grace_s=5, stop=stop, handle_signals=False))
-    try:
-        await eventually(lambda: agent.ready.is_set() or task.done(), timeout_s=15)
-        assert not task.done(), "the agent stopped during start"
+    async with running_agents(agent):
         yield
-    finally:
-        stop.set()
-        assert await asyncio.wait_for(task, 15) == 0
 
 
 @contextlib.asynccontextmanager
