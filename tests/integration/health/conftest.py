@@ -208,18 +208,13 @@ class HealthHarness:
     async def command(self, data: bytes) -> dict[str, Any]:
         """Send a fault command, waiting (briefly) for the agent to subscribe and to have read
         the node's inventory first: both happen after the agent reports ready."""
-        subject = self.bus.names.fault_control(self.DRIVER, self.NODE)
+        reply = self.replied(self.bus.names.fault_control(self.DRIVER, self.NODE), data)
         for _ in range(80):
-            try:
-                reply = await self.bus.request(subject, data, timeout_s=3)
-            except BusUnavailableError:  # no responder yet: the agent is still subscribing
-                await asyncio.sleep(0.1)
-                continue
-            answer: dict[str, Any] = json.loads(reply.data)
-            if answer.get("retry"):  # the agent has not read the inventory yet
-                await asyncio.sleep(0.1)
-                continue
-            return answer
+            answer = await reply()
+            # None: no responder yet (still subscribing); retry: the inventory not read yet.
+            if answer is not None and not answer.get("retry"):
+                return answer
+            await asyncio.sleep(0.1)
         raise AssertionError("the fault-control subject never accepted the command")
 
     def replied(self, subject: str, data: bytes) -> Callable[[], Awaitable[dict[str, Any] | None]]:
