@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.agent_rss import measure_agent_rss
+from bench.bus_restore import measure_bus_restore
 from bench.concurrency import measure_concurrency
 from bench.device_plugin import measure_device_plugin
 from bench.explain import measure_explain
@@ -52,6 +53,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         vfio = await measure_vfio(workdir=Path(tmp) / "vfio")
         explain = await measure_explain()
         sign_verify = measure_sign_verify()
+        bus_restore = await measure_bus_restore(workdir=Path(tmp) / "bus-restore")
         image = await asyncio.to_thread(measure_image_size)
         k8s = await measure_k8s()
     return {
@@ -68,6 +70,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         **vfio,
         **explain,
         **sign_verify,
+        **bus_restore,
         **image,
         **k8s,
     }

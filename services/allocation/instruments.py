@@ -13,10 +13,12 @@ from typing import TypeVar
 from opentelemetry.metrics import CallbackOptions, Histogram, Observation
 
 from shared import inventory_sanity, metrics
+from shared.bus import ownkeys
 
 __all__ = [
     "CLAIM_FAILURES",
     "INVENTORY_REJECTED",
+    "PREPARED_CLAIMS_REASSERTED",
     "PREPARE_SECONDS",
     "REJECTED_EDITS",
     "UNPREPARE_SECONDS",
@@ -63,6 +65,15 @@ metrics.export_at_zero(
     INVENTORY_REJECTED,
     *({"reason": reason} for reason in (*inventory_sanity.REASONS, "backend_mismatch")),
 )
+
+PREPARED_CLAIMS_REASSERTED = _meter.create_counter(
+    "dra_prepared_claims_reasserted",
+    unit="1",
+    description="Prepared-claim values of this node put back at once after another writer "
+    "emptied, replaced or deleted them, by reason: differs, deleted, rejected (refused by the "
+    "record check).",
+)
+metrics.export_at_zero(PREPARED_CLAIMS_REASSERTED, *({"reason": r} for r in ownkeys.REASONS))
 
 CLAIM_FAILURES = _meter.create_counter(
     "dra_claim_failures",

@@ -8,9 +8,10 @@ damaged, deleted), that inventory is put back under a generation above the forei
 consumers that adopted it move on; logged with `security=true`, counted in
 `dra_inventory_reasserted_total`. With `--bus-signatures` on, an entry on the key that this agent
 did not sign (what a redirected 404 leaves, another node's value) is refused by the Bus and put
-back at once too (reason `rejected`). With `unpublished` (the slice reconciler's devices left out
-of the slices), those devices carry `Device.unpublished` in the KV value, and a change of that
-set is a content change like any other.
+back at once too (reason `rejected`). Put-backs are paced (`shared.bus.ownkeys`), so a node
+rewriting the key without pause cannot make this agent spin. With `unpublished` (the slice
+reconciler's devices left out of the slices), those devices carry `Device.unpublished` in the KV
+value, and a change of that set is a content change like any other.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from services.discovery import instruments, inventory, unpublished
 from services.discovery.scanner import DeviceScanner
 from shared import telemetry
 from shared.backoff import Backoff
-from shared.bus import codec, kv
+from shared.bus import codec, kv, ownkeys
 from shared.bus.connection import Bus
 from shared.cancellation import reraise_if_cancelling
 from shared.errors import BusUnavailableError, MalformedMessageError
@@ -131,33 +132,44 @@ class InventoryPublisher:
         self._highest = max(self._highest, stored.generation)
         return stored
 
-    async def guard(self) -> None:
-        """Eternal: put back the last published inventory whenever the key holds another value.
+    async def guard(self, *, pace: ownkeys.ReassertPace | None = None) -> None:
+        """Eternal: put back the last published inventory whenever the key holds another value
+        (`shared.bus.ownkeys`, at its pace).
 
         Each change is checked against a fresh read (a late event of our own earlier put is no
         foreign value). Only once `run()` has read the key on the current connection: before,
         it re-reads and rewrites the key itself. A put-back that fails on NATS is left to
         `run()` likewise, after the reconnect.
         """
-        bucket = self.bus.names.inventory_bucket
-        async for change in kv.watch(self.bus, bucket=bucket, keys=self.key, rejected=True):
-            if change.synced or change.key != self.key:
-                continue
-            try:
-                async with self._writing:
-                    await self._reassert(bucket, rejected=bool(change.rejected))
-                reraise_if_cancelling()
-            except BusUnavailableError as exc:
-                log.warning("inventory_reassert_failed", key=self.key, error=str(exc))
+        await ownkeys.OwnKeysGuard(
+            self.bus,
+            bucket=self.bus.names.inventory_bucket,
+            keys=self.key,
+            purpose="watch",
+            restore=self._restore,
+            counter=instruments.INVENTORY_REASSERTED,
+            records="inventory",
+            pace=pace,
+        ).run()
 
-    async def _reassert(self, bucket: str, *, rejected: bool = False) -> None:
+    async def _restore(self, change: kv.KVChange) -> ownkeys.Restored:
+        if change.key != self.key:
+            return ownkeys.NOTHING
+        async with self._writing:
+            reason = await self._reassert(
+                self.bus.names.inventory_bucket, rejected=bool(change.rejected)
+            )
+        return ownkeys.Restored(reason)
+
+    async def _reassert(self, bucket: str, *, rejected: bool = False) -> str:
+        """Put the last published inventory back unless the key holds it; why, or ""."""
         published = self._stored
         if published is None or self._checked_epoch != self.bus.epoch:
-            return  # run() has yet to read the key on this connection, and will set it right
+            return ""  # run() has yet to read the key on this connection, and will set it right
         data = await self.bus.kv_get(bucket, self.key)
         found = _decoded(data)
         if found == published and not rejected:
-            return
+            return ""
         restored = inventory_pb2.Inventory()
         restored.CopyFrom(published)
         foreign = found.generation if found is not None else 0
@@ -167,7 +179,6 @@ class InventoryPublisher:
         reason = "deleted" if data is None else "unreadable" if found is None else "differs"
         if rejected and (data is None or found == published):
             reason = "rejected"  # not signed by us: refused by the Bus, or taken unsigned
-        instruments.INVENTORY_REASSERTED.add(1, {"reason": reason})
         log.warning(
             "inventory_reasserted",
             security=True,
@@ -176,6 +187,7 @@ class InventoryPublisher:
             foreign_generation=foreign,
             generation=restored.generation,
         )
+        return reason
 
     async def _wait_for_change(self, *, after: int, epoch: int, marks: int) -> None:
         """Until the scanner has a newer inventory, the dropped devices change or NATS

@@ -208,6 +208,9 @@ class HealthAgent:
                 sink=self.evaluator.set_topology,
             ),
             "health-evaluator": self.evaluator.run(),
+            "health-record-guard": self.recorder.guard(
+                counter=instruments.HEALTH_RECORDS_REASSERTED
+            ),
             "taint-writer": self.taints.run(),
             "drain-control": self.drain.run(),
             "event-writer": self.events.run(),

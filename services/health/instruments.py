@@ -1,6 +1,7 @@
 """The health agent's metrics: devices by health, tainted devices by effect, alerts published
-by status, and inventories quarantined by the sanity rules (the counters exported at 0 from the
-start for their known label values). Taint rule writes are counted per verb by the shared kube
+by status, inventories quarantined by the sanity rules and health records put back after another
+writer replaced or removed them (the counters exported at 0 from the start for their known label
+values). Taint rule writes are counted per verb by the shared kube
 client (`dra_kube_requests`)."""
 
 from __future__ import annotations
@@ -12,8 +13,15 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from services.health.policy import DeviceState, Health
 from shared import inventory_sanity, metrics
+from shared.bus import ownkeys
 
-__all__ = ["ALERTS_PUBLISHED", "INVENTORY_REJECTED", "TAINT_EFFECTS", "observe_device_health"]
+__all__ = [
+    "ALERTS_PUBLISHED",
+    "HEALTH_RECORDS_REASSERTED",
+    "INVENTORY_REJECTED",
+    "TAINT_EFFECTS",
+    "observe_device_health",
+]
 
 _meter = metrics.meter("dra.health")
 
@@ -32,6 +40,14 @@ metrics.export_at_zero(
     INVENTORY_REJECTED,
     *({"reason": r} for r in inventory_sanity.REASONS if r != "backend_changed"),
 )
+HEALTH_RECORDS_REASSERTED = _meter.create_counter(
+    "dra_health_records_reasserted",
+    unit="1",
+    description="Health records of this node put back at once after another writer emptied, "
+    "replaced or deleted them, by reason: differs, deleted, rejected (refused by the record "
+    "check).",
+)
+metrics.export_at_zero(HEALTH_RECORDS_REASSERTED, *({"reason": r} for r in ownkeys.REASONS))
 TAINT_EFFECTS = ("NoSchedule", "NoExecute", "None")
 """The effects a device taint can have; `dra_tainted_devices` reports each, 0 included."""
 

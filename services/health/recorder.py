@@ -5,6 +5,11 @@ unchanged one about every `refresh_s`, at a jittered time so that a fleet starte
 not rewrite together) and deletes records of devices that left. While NATS is down the wanted
 records simply wait for the next flush; after every (re)connect the node's keys are resynced.
 
+`guard()` watches the node's keys (`shared.bus.ownkeys`, its own consumer `guard`): when a record
+written here is emptied, deleted, replaced or refused by the record check (another node's
+redirected answer), it is put back at once, not at its next refresh; logged as
+`health_record_reasserted` (`security=true`) and counted in the counter the agent passes.
+
 A device passed through to a virtual machine (`Health.PASSTHROUGH`) is recorded UNKNOWN with
 cause `passthrough` and code `vfio`, and no taint: the kubelet, which gets the record's state from
 the allocation agent, sees Unknown (the host cannot tell its health), and the cause tells it from
@@ -21,10 +26,11 @@ from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
 from typing import cast
 
 import structlog
+from opentelemetry.metrics import Counter
 
 from services.health.observation import Fault
 from services.health.policy import PASSTHROUGH, DeviceState, Health, Taint
-from shared.bus import codec, kv
+from shared.bus import codec, kv, ownkeys
 from shared.bus.connection import Bus
 from shared.errors import BusUnavailableError, MalformedMessageError
 from shared.pb.drasuite.v1 import health_pb2
@@ -136,6 +142,8 @@ class HealthRecorder:
         self._stale: set[str] = set()
         self._synced_epoch = 0
         self._deferred = False
+        # flush() and the guard's put-back each read-then-write keys and `_written`.
+        self._writing = asyncio.Lock()
 
     @property
     def prefix(self) -> str:
@@ -149,6 +157,10 @@ class HealthRecorder:
 
         True when done; False when NATS is down (the next flush retries).
         """
+        async with self._writing:
+            return await self._flush(device)
+
+    async def _flush(self, device: str | None) -> bool:
         try:
             if self._synced_epoch != self._bus.epoch or not self._bus.connected.is_set():
                 await self._resync()
@@ -168,6 +180,54 @@ class HealthRecorder:
             log.info("health_records_resynced", node=self._node, devices=len(self._wanted))
             self._deferred = False
         return True
+
+    async def guard(self, *, counter: Counter, pace: ownkeys.ReassertPace | None = None) -> None:
+        """Eternal: put back each record of ours that another writer replaced or removed."""
+        names = self._bus.names
+        await ownkeys.OwnKeysGuard(
+            self._bus,
+            bucket=names.health_bucket,
+            keys=names.health_keys(self._driver, self._node),
+            purpose="guard",
+            restore=self._restore,
+            counter=counter,
+            records="health",
+            pace=pace,
+        ).run()
+
+    async def _restore(self, change: kv.KVChange) -> ownkeys.Restored:
+        """Put the wanted record back on `change.key` unless it holds the one written last."""
+        device = change.key.removeprefix(self.prefix)
+        async with self._writing:
+            written_here = device in self._written and device in self._wanted
+            if self._synced_epoch != self._bus.epoch or not written_here:
+                # Not written on this connection yet (the next flush puts it), or not wanted.
+                return ownkeys.NOTHING
+            if not change.rejected and self._holds(change.value, device):
+                return ownkeys.NOTHING  # our own put, seen by the watch
+            found = await self._bus.kv_get(self._bus.names.health_bucket, change.key)
+            # An unsigned record taken in accept mode is ours from before we signed: sign it.
+            if change.rejected != "unsigned" and self._holds(found, device):
+                return ownkeys.NOTHING  # already put again (by a flush) since that change
+            self._written.pop(device)
+            await self._put_if_changed(device)
+        reason = "rejected" if change.rejected else "deleted" if found is None else "differs"
+        log.warning("health_record_reasserted", security=True, key=change.key, reason=reason,
+                    refused=change.rejected)  # fmt: skip
+        return ownkeys.Restored(reason)
+
+    def _holds(self, data: bytes | None, device: str) -> bool:
+        """Whether `data` is the record last written for `device`, whenever it was stamped."""
+        written = self._written.get(device)
+        if data is None or written is None:
+            return False
+        try:
+            found = codec.decode(health_pb2.DeviceHealth, data, subject=device)
+            ours = codec.decode(health_pb2.DeviceHealth, written[0], subject=device)
+        except MalformedMessageError:
+            return False
+        found.ClearField("updated_unix_ms")
+        return found == ours
 
     async def _resync(self) -> None:
         """After a (re)connect: forget what we wrote, learn the keys that exist."""

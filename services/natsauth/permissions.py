@@ -8,7 +8,10 @@ has the auth service certify its writer key (`dra.auth.certify.<role>.<node>`: t
 alone tells the certifier who asks, so nobody else may publish it). A node's grants name its
 own driver/node tokens only. Nobody but the provisioner creates or updates a stream; nobody
 deletes or purges one or deletes a message: `DENIED` is added to every other identity. Each
-user JWT carries limits on subscriptions, data and payload (`Limits`). Pure.
+user JWT carries limits on subscriptions, data and payload (`Limits`), but nats-server (2.15)
+does not apply them to the users of an auth callout: what holds is the app account's
+per-connection `max_subscriptions` (256) and `max_payload` (1 MiB) in the server config, so
+no role's limits here go beyond those. Pure.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ _MIB = 1 << 20
 # An agent holds its inbox, its control subject and one subscription per watch; its largest
 # message is an inventory (the inventory bucket's max_msg_size).
 AGENT_LIMITS = Limits(subs=64, data=64 * _MIB, payload=1 * _MIB)
-OPERATOR_LIMITS = Limits(subs=1024, data=256 * _MIB, payload=1 * _MIB)
+OPERATOR_LIMITS = Limits(subs=256, data=256 * _MIB, payload=1 * _MIB)
 PROVISIONER_LIMITS = Limits(subs=8, data=1 * _MIB, payload=64 * 1024)
 CERTIFIER_LIMITS = Limits(subs=8, data=16 * _MIB, payload=64 * 1024)
 
@@ -141,11 +144,11 @@ def for_identity(identity: Identity, *, drivers: Iterable[str], names: Names) ->
                 grants.read(names.inventory_bucket, [inventory])
                 grants.read(names.health_bucket, [health])
                 grants.write(names.claims_bucket, [claims])
-                grants.read(names.claims_bucket, [claims])
+                grants.read(names.claims_bucket, [claims], purposes=("watch", "guard"))
             case "health":
                 grants.read(names.inventory_bucket, [inventory], purposes=("watch", "sim"))
                 grants.write(names.health_bucket, [health])
-                grants.read(names.health_bucket, [health])
+                grants.read(names.health_bucket, [health], purposes=("watch", "guard"))
                 grants.read(names.claims_bucket, [claims])
                 grants.publish.append(names.js_stream_info(names.alerts_stream))
                 grants.publish.append(names.alerts(driver, node))

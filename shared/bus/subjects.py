@@ -14,9 +14,11 @@ __all__ = ["WATCH_PURPOSES", "Names", "Writer", "token"]
 Writer = tuple[str, str]
 """Who alone may write a subject: (role, node as a subject token)."""
 
-WATCH_PURPOSES = ("watch", "sim")
-"""What a node agent watches a bucket for: `watch` (its one watch of that bucket) and `sim`
-(the health agent's sim monitor, a second watch of the inventory)."""
+WATCH_PURPOSES = ("watch", "sim", "guard")
+"""What a node agent watches a bucket for: `watch` (its one watch of that bucket), `sim` (the
+health agent's sim monitor, a second watch of the inventory) and `guard` (the health and
+allocation agents' watch of the keys they write, besides their listing of them:
+`shared.bus.ownkeys`)."""
 _MAX_NODE_IN_NAME = 200
 
 

@@ -51,7 +51,7 @@ from typing import Protocol
 from services.allocation.cdi import allowlist, spec_files
 from services.allocation.cdi.spec_files import CDIDevice
 from services.allocation.claim import opaque
-from services.allocation.partitions import Partition
+from services.allocation.partitions import ON_DEMAND, Partition
 from shared import quantity
 from shared.errors import ClaimError
 from shared.pb.drasuite.v1 import inventory_pb2
@@ -139,6 +139,11 @@ def _number(name: str) -> str | None:
     return str(int(match.group(1))) if match is not None else None
 
 
+def _made_on_demand(device: inventory_pb2.Device) -> bool:
+    flag = device.attributes.get(ON_DEMAND)
+    return flag is not None and flag.bool
+
+
 def _visible(name: str, *values: str) -> frozenset[str]:
     return frozenset(f"{name}={value}" for value in values)
 
@@ -174,8 +179,15 @@ def _sim(device: inventory_pb2.Device, *, claim_uid: str, partitioned: bool) -> 
 def _ascend(device: inventory_pb2.Device, *, claim_uid: str, partitioned: bool) -> _Edits:
     if device.kind not in _ASCEND_KINDS:
         return _foreign(device)
-    # The name the claim was allocated, as discovery names the chip; never an attribute.
-    device_id = _number(device.name)
+    # The name the claim was allocated, as discovery names the chip; never an attribute. A
+    # vNPU template option is no device yet: its chip's nodes, which its vNPU's replace.
+    if _made_on_demand(device) and not (partitioned and device.parent):
+        raise ClaimError(
+            f"claim {claim_uid}: vNPU {device.name} is made at prepare (createdOnDemand) and "
+            "no partition was made for it",
+            claim_uid=claim_uid,
+        )
+    device_id = _number(device.parent if _made_on_demand(device) else device.name)
     if device_id is None:
         raise ClaimError(
             f"claim {claim_uid}: npu {device.name} has no device id", claim_uid=claim_uid

@@ -227,11 +227,19 @@ def _version_tuple(version: str) -> tuple[int, ...]:
 
 
 class CDIWriter:
-    """Writes and removes this driver's per-claim specs under the CDI root."""
+    """Writes and removes this driver's per-claim specs under the CDI root.
 
-    def __init__(self, root: Path, *, driver: str) -> None:
+    `durable=False` (the agent's choice) writes a spec without fsyncs: a runtime reads it from
+    the page cache all the same, and a killed agent leaves it whole. Only a power loss can leave
+    it empty or old, and the reboot that comes with one wipes /var/run/cdi (a tmpfs on nodes)
+    anyway; at the next start recovery compares every prepared claim's spec with its record
+    (`matches`) and rewrites what differs, before the kubelet starts any container again.
+    """
+
+    def __init__(self, root: Path, *, driver: str, durable: bool = True) -> None:
         self.root = root
         self.driver = driver
+        self.durable = durable
         self.writes: collections.Counter[str] = collections.Counter()
         """Spec files written per prepared claim UID (regenerations included); forgotten at
         `remove`."""
@@ -244,11 +252,28 @@ class CDIWriter:
 
     async def write(self, claim_uid: str, spec: Mapping[str, Any]) -> None:
         """Replace the claim's spec atomically: a runtime never reads half a spec."""
-        data = json.dumps(spec, indent=2, sort_keys=True).encode()
-        await asyncio.to_thread(
-            atomicfile.write_atomic, self.path(claim_uid), data, mode=_SPEC_MODE
-        )
+        data = _encode(spec)
+        if self.durable:
+            await asyncio.to_thread(
+                atomicfile.write_atomic, self.path(claim_uid), data, mode=_SPEC_MODE
+            )
+        else:
+            await asyncio.to_thread(
+                atomicfile.write_and_rename,
+                self.path(claim_uid),
+                data,
+                mode=_SPEC_MODE,
+                sync=False,
+            )
         self.writes[claim_uid] += 1
+
+    def matches(self, claim_uid: str, spec: Mapping[str, Any]) -> bool:
+        """Whether the claim's spec file holds exactly `spec` (at start: a power loss may have
+        left a spec that was not written durably empty)."""
+        try:
+            return self.path(claim_uid).read_bytes() == _encode(spec)
+        except OSError:
+            return False
 
     async def remove(self, claim_uid: str) -> bool:
         removed = await asyncio.to_thread(atomicfile.remove, self.path(claim_uid))
@@ -277,3 +302,7 @@ class CDIWriter:
             path.name.removeprefix(prefix).removesuffix(".json")
             for path in self.root.glob(f"{prefix}*.json")
         )
+
+
+def _encode(spec: Mapping[str, Any]) -> bytes:
+    return json.dumps(spec, indent=2, sort_keys=True).encode()

@@ -74,9 +74,10 @@ class AllocationAgent:
             config.inventory_path, driver=driver, node=node, backend=config.backend
         )
         self.checkpoints = CheckpointStore(config.checkpoint_dir)
-        self.cdi = CDIWriter(config.cdi_root, driver=driver)
-        # Not fsynced: at start, recovery compares every completed claim's files with its
-        # record and rewrites what a power loss emptied, so prepare pays for no fsync here.
+        # Neither the specs nor the metadata files are fsynced: at start, recovery compares
+        # every completed claim's files with its record and rewrites what a power loss emptied,
+        # so prepare pays for no fsync there (the checkpoint is what must survive one).
+        self.cdi = CDIWriter(config.cdi_root, driver=driver, durable=False)
         self.metadata = MetadataFiles(config.metadata_dir, durable=False)
         self.partitions = by_backend.build(config)
         self.mps = (
@@ -218,6 +219,7 @@ class AllocationAgent:
             ),
             "registrar": self.registrar.run(),
             **({"claim-publisher": self.claim_publisher.run()} if self.claim_publisher else {}),
+            **({"claim-guard": self.claim_publisher.guard()} if self.claim_publisher else {}),
             **({"device-status": self.device_status.run()} if self.device_status else {}),
             **{name: socket_server.until_terminated(s) for name, s in self._servers.items()},
         }

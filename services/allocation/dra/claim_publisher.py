@@ -9,6 +9,11 @@ NATS is down the wanted state waits, and after every (re)connect the node's keys
 the checkpoint. Pods come from the claim's `status.reservedFor` as read by the prepare; when a
 prepare did not read the claim (a repeat, a restart), the pods are kept from the KV value, or
 looked up (a claim GET) by this task, off the prepare path.
+
+`guard()` watches the node's keys (`shared.bus.ownkeys`, its own consumer `guard`): a claim's
+value written here that is emptied, deleted, replaced or refused by the record check (another
+node's redirected answer) is put back at once; logged as `prepared_claim_reasserted`
+(`security=true`), counted in `dra_prepared_claims_reasserted_total{reason}`.
 """
 
 from __future__ import annotations
@@ -21,10 +26,11 @@ from typing import Any, Protocol, cast
 
 import structlog
 
+from services.allocation import instruments
 from services.allocation.claim.checkpoint import PreparedClaim
 from services.allocation.claim.claims import AllocatedClaim, ClaimRef, PodRef
 from shared.backoff import Backoff
-from shared.bus import codec, kv
+from shared.bus import codec, kv, ownkeys
 from shared.bus.connection import Bus
 from shared.cancellation import reraise_if_cancelling
 from shared.errors import BusUnavailableError, ClaimError, MalformedMessageError
@@ -109,6 +115,9 @@ class PreparedClaimPublisher:
         self._lookups: set[str] = set()
         """Claim UIDs whose pods are to be read from the API (a repeat prepare, a restart)."""
         self._written: dict[str, bytes] = {}
+        self._synced_epoch = -1
+        # A write and the guard's put-back each read-then-write a key and `_written`.
+        self._writing = asyncio.Lock()
         self._changed = asyncio.Event()
         self.synced = asyncio.Event()
         """Set whenever the KV holds exactly the wanted state (tests, readiness of the view)."""
@@ -152,15 +161,14 @@ class PreparedClaimPublisher:
     async def run(self) -> None:
         """Eternal: resync after each (re)connect, then write changes as they come."""
         backoff = Backoff(initial_s=0.2, max_s=5.0)
-        synced_epoch = -1
         while True:
             await self._bus.connected.wait()
             epoch = self._bus.epoch
             self._changed.clear()
             try:
-                if epoch != synced_epoch:
+                if epoch != self._synced_epoch:
                     await self._resync()
-                    synced_epoch = epoch
+                    self._synced_epoch = epoch
                 await self._look_up_pods()
                 await self._flush()
                 reraise_if_cancelling()
@@ -173,6 +181,42 @@ class PreparedClaimPublisher:
             if not self._dirty:
                 self.synced.set()
             await self._wait_for_change(epoch)
+
+    async def guard(self, *, pace: ownkeys.ReassertPace | None = None) -> None:
+        """Eternal: put back each claim value of ours that another writer replaced or removed."""
+        names = self._bus.names
+        await ownkeys.OwnKeysGuard(
+            self._bus,
+            bucket=names.claims_bucket,
+            keys=names.claim_keys(self._driver, self._node),
+            purpose="guard",
+            restore=self._restore,
+            counter=instruments.PREPARED_CLAIMS_REASSERTED,
+            records="prepared_claims",
+            pace=pace,
+        ).run()
+
+    async def _restore(self, change: kv.KVChange) -> ownkeys.Restored:
+        """Put the value written last back on `change.key` unless the key holds it."""
+        prefix = self._bus.names.claim_keys(self._driver, self._node).removesuffix("*")
+        uid = change.key.removeprefix(prefix)
+        async with self._writing:
+            written = self._written.get(uid)
+            if self._synced_epoch != self._bus.epoch or uid in self._dirty:
+                return ownkeys.NOTHING  # run() is about to write it (or resync) anyway
+            if written is None or uid not in self._records:
+                return ownkeys.NOTHING  # not written on this connection, or unprepared
+            if not change.rejected and change.value == written:
+                return ownkeys.NOTHING  # our own put, seen by the watch
+            found = await self._bus.kv_get(self._bus.names.claims_bucket, change.key)
+            # An unsigned value taken in accept mode is ours from before we signed: sign it.
+            if change.rejected != "unsigned" and found == written:
+                return ownkeys.NOTHING  # already put again since that change
+            await self._bus.kv_put(self._bus.names.claims_bucket, change.key, written)
+        reason = "rejected" if change.rejected else "deleted" if found is None else "differs"
+        log.warning("prepared_claim_reasserted", security=True, claim_uid=uid, reason=reason,
+                    refused=change.rejected)  # fmt: skip
+        return ownkeys.Restored(reason)
 
     async def _wait_for_change(self, epoch: int) -> None:
         waiters = [
@@ -259,6 +303,10 @@ class PreparedClaimPublisher:
                 raise
 
     async def _write(self, uid: str) -> None:
+        async with self._writing:
+            await self._write_now(uid)
+
+    async def _write_now(self, uid: str) -> None:
         bucket = self._bus.names.claims_bucket
         key = self._bus.names.claim_key(self._driver, self._node, uid)
         record = self._records.get(uid)

@@ -362,7 +362,9 @@ class ClaimPreparer:
                 try:
                     await self._cdi.remove(record.uid)
                     if self._metadata is not None:
-                        await self._metadata.remove(record.uid)
+                        await self._metadata.remove(
+                            record.uid, record.device_metadata, record.cdi_spec
+                        )
                 except OSError as exc:  # recovery removes it at the next start
                     log.warning("cdi_spec_orphan_kept", error=str(exc))
             raise
@@ -466,17 +468,23 @@ class ClaimPreparer:
         metadata, files = record.device_metadata, self._metadata
         if not self._cdi.exists(record.uid):
             return False
+        if (
+            verify
+            and record.cdi_spec is not None
+            and not self._cdi.matches(record.uid, record.cdi_spec)
+        ):
+            return False
         if not metadata or files is None:
             return True
         if verify:
-            return files.matches(record.uid, metadata)
-        return files.complete(record.uid, metadata)
+            return files.matches(record.uid, metadata, record.cdi_spec)
+        return files.complete(record.uid, metadata, record.cdi_spec)
 
     async def _write_metadata(self, record: PreparedClaim) -> None:
         if not record.device_metadata or self._metadata is None:
             return
         try:
-            await self._metadata.write(record.uid, record.device_metadata)
+            await self._metadata.write(record.uid, record.device_metadata, record.cdi_spec)
         except OSError as exc:
             raise ClaimError(
                 f"prepare claim {record.uid}: writing device metadata under "
@@ -533,7 +541,11 @@ class ClaimPreparer:
                 self._crash_point("unprepare-cdi-removed")
                 if self._metadata is not None:
                     try:
-                        await self._metadata.remove(ref.uid)
+                        await self._metadata.remove(
+                            ref.uid,
+                            None if record is None else record.device_metadata,
+                            None if record is None else record.cdi_spec,
+                        )
                     except OSError as exc:
                         raise ClaimError(
                             f"unprepare claim {ref.uid}: removing device metadata: {exc}",

@@ -11,8 +11,11 @@ once per version, newest first: a consumer takes the first version it knows.
 Inside the container it is at `/var/run/kubernetes.io/dra-device-attributes/` +
 `resourceclaims/<claim>/<request>/<driver>-metadata.json`, or
 `resourceclaimtemplates/<pod claim name>/<request>/...` for a claim from a template. On the
-host it is `<plugin data dir>/dra-device-metadata/<claim UID>/<request>/metadata.json` (keyed
-by UID, like the checkpoint and the CDI spec, so that recovery finds orphans).
+host it is `<plugin data dir>/dra-device-metadata/<claim UID>_<request>.json`: keyed by UID,
+like the checkpoint and the CDI spec, so that recovery finds orphans, and flat, so that a
+prepare makes no directory (two `mkdir`s per claim cost more than writing the file). Claims
+prepared before the flat layout mount `<claim UID>/<request>/metadata.json` (`legacy_host_path`)
+and keep it: the claim's CDI spec, stored in its checkpoint record, says which a claim uses.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ __all__ = [
     "API_GROUP",
     "API_VERSIONS",
     "CONTAINER_DIR",
+    "HOST_SEPARATOR",
     "HOST_SUBDIR",
     "KIND",
     "MAX_ATTRIBUTES",
@@ -40,7 +44,9 @@ __all__ = [
     "document",
     "encode_stream",
     "host_path",
+    "legacy_host_path",
     "mount",
+    "mounted_host_paths",
 ]
 
 API_GROUP = "metadata.resource.k8s.io"
@@ -53,7 +59,9 @@ _TEMPLATES_SUBDIR = "resourceclaimtemplates"
 _FILE_SUFFIX = "-metadata.json"
 HOST_SUBDIR = "dra-device-metadata"
 """Under the plugin data directory, as the Go helper names it."""
-_HOST_FILE = "metadata.json"
+HOST_SEPARATOR = "_"
+_HOST_SUFFIX = ".json"
+_LEGACY_HOST_FILE = "metadata.json"
 MAX_ATTRIBUTES = 32
 """`+k8s:maxProperties=32` on Device.Attributes."""
 _MOUNT_OPTIONS = ("ro", "bind")
@@ -74,8 +82,23 @@ def container_path(
 
 
 def host_path(root: PurePosixPath, *, claim_uid: str, request: str) -> PurePosixPath:
-    """The file on the host; `root` is `<plugin data dir>/dra-device-metadata`."""
-    return root / claim_uid / request / _HOST_FILE
+    """The file on the host; `root` is `<plugin data dir>/dra-device-metadata`. A UID holds no
+    `_` and a request name (a DNS label) none either, so the name splits back unambiguously."""
+    return root / f"{claim_uid}{HOST_SEPARATOR}{request}{_HOST_SUFFIX}"
+
+
+def legacy_host_path(root: PurePosixPath, *, claim_uid: str, request: str) -> PurePosixPath:
+    """Where claims prepared before the flat layout have the file (one directory per claim)."""
+    return root / claim_uid / request / _LEGACY_HOST_FILE
+
+
+def mounted_host_paths(spec: Mapping[str, Any] | None) -> frozenset[str]:
+    """The host paths every mount of a CDI spec names (its devices' and the spec-level ones)."""
+    if not spec:
+        return frozenset()
+    edits = [spec.get("containerEdits") or {}]
+    edits += [device.get("containerEdits") or {} for device in spec.get("devices") or ()]
+    return frozenset(str(mount["hostPath"]) for edit in edits for mount in edit.get("mounts") or ())
 
 
 def mount(host: PurePosixPath, container: PurePosixPath) -> dict[str, Any]:

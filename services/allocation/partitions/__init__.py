@@ -13,9 +13,10 @@ and hands each claim to the one whose `supports()` takes the inventory's backend
 managers record what they made (`ledger`) before making it, and only ever remove
 what they recorded.
 
-A device published as an option made on demand (a MIG placement with `createdOnDemand: true`,
-see `ON_DEMAND`) is not a device yet: preparing a claim that got one makes a partition of its
-`parent` of the option's `profile` at the option's `placementStart` (`OnDemandOption`).
+A device published as an option made on demand (a MIG slot or a vNPU template with
+`createdOnDemand: true`, see `ON_DEMAND`) is not a device yet: preparing a claim that got one
+makes a partition of its `parent` of the option's `profile`, for a MIG slot at its
+`placementStart` (`OnDemandOption`).
 """
 
 from __future__ import annotations
@@ -56,35 +57,40 @@ class OnDemandOption:
 
     parent: str
     profile: str
-    placement: int
+    placement: int | None
+    """The first memory slice of a MIG slot; None for a partition with no placement (a vNPU
+    template: the manager picks the vNPU id)."""
 
 
 def on_demand_option(device: inventory_pb2.Device, *, claim_uid: str) -> OnDemandOption | None:
     """The partition `device` stands for when it is an option made on demand, else None.
 
-    An option lacking its parent, profile or placement fails the claim (never guessed at).
+    An option lacking its parent or profile, or a MIG slot lacking its placement, fails the
+    claim (never guessed at).
     """
     flag = device.attributes.get(ON_DEMAND)
     if flag is None or not flag.bool:
         return None
     profile = device.attributes.get("profile")
     start = device.attributes.get("placementStart")
+    placed = device.kind == "mig" or start is not None
     missing = [
         name
         for name, absent in (
             ("parent", not device.parent),
             ("profile", profile is None or not profile.string),
-            ("placementStart", start is None or start.WhichOneof("value") != "int"),
+            ("placementStart", placed and (start is None or start.WhichOneof("value") != "int")),
         )
         if absent
     ]
-    if missing or profile is None or start is None:
+    if missing or profile is None:
         raise ClaimError(
             f"claim {claim_uid}: device {device.name} is made on demand but the inventory "
             f"gives it no {', '.join(missing)}",
             claim_uid=claim_uid,
         )
-    return OnDemandOption(parent=device.parent, profile=profile.string, placement=start.int)
+    placement = start.int if start is not None else None
+    return OnDemandOption(parent=device.parent, profile=profile.string, placement=placement)
 
 
 class PartitionManager(Protocol):

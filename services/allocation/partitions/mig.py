@@ -8,15 +8,17 @@ CI's `/dev/nvidia-caps/nvidia-cap<N>` nodes, N read from the driver's
 A partition asked for at a `placement` (an option made on demand, made on its parent) is made
 there. A device of kind `mig` (a MIG slot discovery publishes) stands for its parent at its own
 `placementStart`: it is recorded and found as the parent's partition at that placement, so a
-slot whose MIG device discovery publishes as existing once it was made (the same name, now
-with a UUID) is still the partition made for the claim when its prepare is retried.
+retried prepare finds the partition made for the claim whichever way the slot is published.
 
 Crash safety: an entry naming (claim, device) -> (GPU UUID, GI profile, placement) is written
 to `mig-partitions.json` *before* the GI is made, and its GI and CI ids after each is made. A
 retry finds the entry and completes it: it adopts the GI at the recorded placement, or the CI
 inside it, that a killed process made but did not record, and never makes a second one. Only
-instances an entry names (or sits at an entry's recorded placement) are ever destroyed: GIs
-an admin made are left alone. Placement: the highest free start first, since the 4g and 7g
+instances an entry made (or sits at an entry's recorded placement) are ever destroyed: GIs
+an admin made are left alone. An option whose slot already holds a MIG device of its profile
+that no entry names (an admin's: discovery publishes such a slot as the option it stands for,
+see `services/discovery/backends/nvml.py`) is handed over as it is, recorded `adopted`, and
+kept at unprepare. Placement: the highest free start first, since the 4g and 7g
 profiles only fit at slice 0 (docs/hardware.md §1.1).
 
 Every NVML call runs in a worker thread under `timeout_s`; while a timed-out call is still
@@ -231,6 +233,10 @@ class MigPartitionManager:
         removed: list[Entry] = []
         errors: list[ClaimError] = []
         for entry in mine:
+            if entry.get("adopted"):
+                # Handed over as it was: it stays for whoever gets its slot next.
+                removed.append(entry)
+                continue
             try:
                 _destroy(library, entry, entries, claim_uid=claim_uid)
                 removed.append(entry)
@@ -298,16 +304,51 @@ class _Operation:
         handle = self.handle(uuid)
         self.require_mig_mode(handle, uuid)
         info = self.gi_profile(handle, profile)
-        placement = self.free_placement(handle, info, profile, uuid, entries, start)
-        return {
+        entry: Entry = {
             "claimUID": self.claim_uid,
             "device": carved_from,
             "profile": profile,
             "gpuUUID": uuid,
             "profileId": info.id,
-            "placement": {"start": placement.start, "size": placement.size},
             "createdUnixMs": int(time.time() * 1000),
         }
+        there = self.unowned_mig_device(handle, info, uuid, entries, start)
+        if there is not None:
+            gi, ci = there
+            log.info("mig_device_handed_over", device=self.device.name, gi=gi.id, ci=ci)
+            placement = gi.placement
+            entry.update(giId=gi.id, ciId=ci, adopted=True)
+        else:
+            placement = self.free_placement(handle, info, profile, uuid, entries, start)
+        entry["placement"] = {"start": placement.start, "size": placement.size}
+        return entry
+
+    def unowned_mig_device(
+        self,
+        handle: Handle,
+        info: GpuInstanceProfile,
+        uuid: str,
+        entries: Sequence[Entry],
+        start: int | None,
+    ) -> tuple[GpuInstance, int] | None:
+        """The MIG device of the profile that already sits exactly at `start` and that no
+        entry names (an administrator's): (its GI, its one CI). Discovery publishes such a
+        slot as the same option as a free one, so the claim that got it gets it as it is."""
+        if start is None:
+            return None
+        named = {e.get("giId") for e in entries if e.get("gpuUUID") == uuid}
+        reserved = [_placement(e) for e in entries if e.get("gpuUUID") == uuid]
+        for gi in self.gpu_instances(handle, [info.id]):
+            if gi.placement.start != start or gi.id in named:
+                continue
+            if any(gi.placement.overlaps(r) for r in reserved):
+                continue
+            cis = _compute_instances(
+                self.library, handle, gi.id, _ci_profiles(self.library, handle, gi.id)
+            )
+            if len(cis) == 1:
+                return gi, cis[0]
+        return None
 
     def require_mig_mode(self, handle: Handle, uuid: str) -> None:
         try:

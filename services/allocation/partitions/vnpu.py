@@ -2,8 +2,13 @@
 
 A partition of an NPU is a vNPU of a template (`vir05_1c_8g`, …) made with `npu-smi set -t
 create-vnpu` on the chip's card and chip ids (from `npu-smi info -m`), under an id this manager
-picks: the lowest one of `[phy*16+100, phy*16+115]` the chip does not list and no entry holds
-(docs/hardware.md §3.6). npu-smi's output is read by the one Ascend parser every agent uses
+picks: the lowest one of the upper half of the chip's ids (`devices.on_demand_ids`:
+`[phy*16+108, phy*16+115]`, `[phy*16+104, phy*16+107]` on 310P) the chip does not list and
+no entry holds (docs/hardware.md §3.6). Discovery publishes no vNPU under those ids as a
+device of its own: a vNPU template option (`createdOnDemand`) stands for it while a claim holds
+it, so no slice names a vNPU that unprepare destroyed. A vNPU of the template already listed
+under those ids that no entry names (an administrator's) is handed over as it is, recorded
+`adopted`, and kept at unprepare. npu-smi's output is read by the one Ascend parser every agent uses
 (`shared.vendors.ascend.npusmi`, which raises `NpuSmiError`); its test double is
 `tests/fakes/npusmi_vnpu.py`. The container gets `/dev/vdavinci<id>` (host) as
 `/dev/davinci<id>` with
@@ -37,18 +42,12 @@ from shared.pb.drasuite.v1 import inventory_pb2
 from shared.vendors.ascend import devices, npusmi
 from shared.vendors.ascend.npusmi import ChipLocation, NpuSmiError, VnpuListing
 
-__all__ = ["KIND", "VNPU_IDS", "VnpuPartitionManager", "vnpu_ids"]
+__all__ = ["KIND", "VnpuPartitionManager"]
 
 log = structlog.get_logger(__name__)
 
 KIND = "VnpuPartitions"
-VNPU_IDS = 16
-"""vNPU ids per chip: `[phy*16+100, phy*16+115]` (training; inference uses the first 8)."""
 _VNPU_CHIP = re.compile(r"vir\d+")
-
-
-def vnpu_ids(physical_id: int) -> range:
-    return range(physical_id * VNPU_IDS + 100, physical_id * VNPU_IDS + 100 + VNPU_IDS)
 
 
 def _int_attribute(device: inventory_pb2.Device, *names: str) -> int | None:
@@ -230,23 +229,31 @@ class VnpuPartitionManager:
                 claim_uid=claim_uid,
             )
         physical = _int_attribute(device, "physicalId", "index") or 0
-        held = set(listing.vnpus) | {int(e["vnpuId"]) for e in entries if "vnpuId" in e}
-        free = [i for i in vnpu_ids(physical) if i not in held]
+        chip = device.attributes["chipName"].string if "chipName" in device.attributes else ""
+        ids = devices.on_demand_ids(physical, chip)
+        entered = {int(e["vnpuId"]) for e in entries if "vnpuId" in e}
+        entry: Entry = {
+            "claimUID": claim_uid,
+            "device": device.name,
+            "profile": profile,
+            "card": location.card,
+            "chip": location.chip,
+            "createdUnixMs": int(time.time() * 1000),
+        }
+        for vnpu in ids:
+            if listing.vnpus.get(vnpu) == profile and vnpu not in entered:
+                log.info("vnpu_handed_over", device=device.name, vnpu=vnpu)
+                entry.update(vnpuId=vnpu, adopted=True)
+                return entry, listing
+        held = set(listing.vnpus) | entered
+        free = [i for i in ids if i not in held]
         if not free:
             raise ClaimError(
                 f"claim {claim_uid}: no free vNPU id on {device.name} "
                 f"({len(listing.vnpus)} vNPUs on it)",
                 claim_uid=claim_uid,
             )
-        entry = {
-            "claimUID": claim_uid,
-            "device": device.name,
-            "profile": profile,
-            "card": location.card,
-            "chip": location.chip,
-            "vnpuId": free[0],
-            "createdUnixMs": int(time.time() * 1000),
-        }
+        entry["vnpuId"] = free[0]
         return entry, listing
 
     async def _make(
@@ -265,7 +272,7 @@ class VnpuPartitionManager:
             )
         if vnpu not in listed:
             await self._create_vnpu(entry, entries, claim_uid)
-        elif not entry.get("made"):
+        elif not entry.get("made") and not entry.get("adopted"):
             log.warning("vnpu_adopted", device=device, vnpu=vnpu)
         entry.update(
             made=True,
@@ -302,8 +309,8 @@ class VnpuPartitionManager:
 
     async def _destroy(self, entry: Entry, claim_uid: str) -> None:
         """Destroy the entry's vNPU if the chip still lists it with the entry's template."""
-        if "vnpuId" not in entry:
-            return
+        if "vnpuId" not in entry or entry.get("adopted"):
+            return  # nothing made, or handed over as it was: it stays
         card, chip, vnpu = int(entry["card"]), int(entry["chip"]), int(entry["vnpuId"])
         listed = (await self._list(claim_uid, card, chip)).vnpus
         if listed.get(vnpu) != entry.get("profile"):

@@ -21,6 +21,13 @@ scheduler never allocates a chip and a vNPU of it together (`shared.vendors.asce
 A chip or npu-smi build without the vNPU view (the query fails, or prints no vNPU table) has no
 static vNPUs.
 
+A chip with the vNPU view whose model has templates (`shared.vendors.ascend.devices.TEMPLATES`)
+is also published with options made at prepare: `npu-<id>-vnpu-<template>-<k>`, flagged
+`createdOnDemand`, with `profile` and `vnpuTemplate` the template, consuming its cores of the
+chip's counter set. The allocation agent makes the vNPU when a claim that got one is prepared,
+under an id of the chip's upper half, and destroys it at unprepare; discovery never publishes
+a vNPU under those ids as a static one, so what it publishes does not change with a claim.
+
 Output that does not parse fails the scan with BackendUnavailableError, and the scanner keeps
 the last good inventory.
 """
@@ -50,6 +57,9 @@ from shared.vendors.ascend.npusmi import (
     parse_vnpu_view,
 )
 from shared.vfio.pci import Viability
+
+ON_DEMAND = "createdOnDemand"
+"""Bool attribute of a vNPU made at prepare time (as the MIG options of `mig.ON_DEMAND`)."""
 
 __all__ = [
     "AI_CORES",
@@ -159,12 +169,67 @@ def _vnpu(
     return device
 
 
+def _option(
+    whole: inventory_pb2.Device,
+    chip: NpuChip,
+    template: str,
+    k: int,
+    *,
+    counters: inventory_pb2.CounterSet,
+    total: int,
+) -> inventory_pb2.Device:
+    """The `k`-th vNPU of `template` that a claim may get on `chip`, made at its prepare: no
+    id, node or variable of its own (those come with the vNPU made for the claim)."""
+    device = inventory_pb2.Device(name=model.option_name(chip, template, k), kind="npu")
+    device.parent = whole.name
+    for key, value in whole.attributes.items():
+        if key not in ("index", "vfioViable", "iommuGroup", "pciBusID"):
+            device.attributes[key].CopyFrom(value)
+    device.attributes["chipName"].string = f"{chip.name}{template}"
+    device.attributes["vnpuTemplate"].string = template
+    device.attributes["profile"].string = template
+    device.attributes[ON_DEMAND].bool = True
+    consumption = model.vnpu_consumption(template, total=total)
+    device.capacity["aiCore"] = consumption[model.AI_CORE_COUNTER]
+    if (memory := _MEMORY.search(template)) is not None:
+        device.capacity["memCapacity"] = f"{int(memory.group(1))}Gi"
+    device.consumes_counters.append(
+        inventory_pb2.CounterConsumption(counter_set=counters.name, counters=consumption)
+    )
+    return device
+
+
+def _options(
+    whole: inventory_pb2.Device, chip: NpuChip, *, counters: inventory_pb2.CounterSet, total: int
+) -> list[inventory_pb2.Device]:
+    """Per template of the chip's model, as many options as its AI cores and the ids the
+    allocation agent makes vNPUs under hold; the same whatever exists, so that no claim's
+    prepare or unprepare changes what is published."""
+    physical = chip.phy_id if chip.phy_id is not None else chip.device_id
+    room = len(model.on_demand_ids(physical, chip.name))
+    options = []
+    for template in model.templates(chip.name):
+        cores = model.template_cores(template) or total
+        for k in range(min(total // cores, room)):
+            options.append(_option(whole, chip, template, k, counters=counters, total=total))
+    return options
+
+
 def _with_vnpus(
     whole: inventory_pb2.Device, chip: NpuChip, listing: VnpuListing
-) -> tuple[list[inventory_pb2.Device], inventory_pb2.CounterSet]:
-    """The chip's static vNPUs and the counter set they share with the chip."""
-    templates = [listing.vnpus[vnpu] for vnpu in sorted(listing.vnpus)]
-    total = model.counter_total(chip, templates, total=listing.total_ai_cores)
+) -> tuple[list[inventory_pb2.Device], inventory_pb2.CounterSet | None]:
+    """The chip's static vNPUs and options, and the counter set they share with the chip.
+
+    vNPUs under the ids the allocation agent makes its own under (`model.on_demand_ids`) are
+    the claims' and are published as the options they were allocated as, never by their id.
+    """
+    physical = chip.phy_id if chip.phy_id is not None else chip.device_id
+    claims = model.on_demand_ids(physical, chip.name)
+    static = {vnpu: t for vnpu, t in sorted(listing.vnpus.items()) if vnpu not in claims}
+    offered = model.templates(chip.name)
+    if not static and not offered:
+        return [], None
+    total = model.counter_total(chip, static.values(), total=listing.total_ai_cores)
     counters = inventory_pb2.CounterSet(
         name=model.counter_set_name(chip), counters=model.whole_chip_consumption(total)
     )
@@ -174,10 +239,10 @@ def _with_vnpus(
         )
     )
     vnpus = [
-        _vnpu(whole, chip, vnpu, listing.vnpus[vnpu], counters=counters, total=total)
-        for vnpu in sorted(listing.vnpus)
+        _vnpu(whole, chip, vnpu, template, counters=counters, total=total)
+        for vnpu, template in static.items()
     ]
-    return vnpus, counters
+    return [*vnpus, *_options(whole, chip, counters=counters, total=total)], counters
 
 
 def to_scan(
@@ -203,10 +268,11 @@ def to_scan(
         )
         devices.append(whole)
         listing = (vnpus or {}).get((chip.npu_id, chip.chip_id))
-        if listing is not None and listing.vnpus:
+        if listing is not None:
             partitions, counters = _with_vnpus(whole, chip, listing)
             devices += partitions
-            counter_sets.append(counters)
+            if counters is not None:
+                counter_sets.append(counters)
         # The whole chip only, after its vNPUs copied its attributes (docs/vfio.md).
         if (viability := (vfio or {}).get(chip.bus_id)) is not None:
             vfio_attributes(whole.attributes, bus_id=chip.bus_id, viability=viability)

@@ -10,12 +10,15 @@ its slots, nor two slots whose memory slices overlap (docs/hardware.md §1.1, 1.
 A slot is published one of two ways, under the same name (`naming.mig_name`):
 
 - `partition(..., on_demand=True)`: an option, a MIG device the node's allocation agent makes
-  when a claim that got it is prepared. It carries the bool attribute `createdOnDemand: true`
-  and no UUID. Upstream (dra-driver-nvidia-gpu, `DynamicMIG`) tells its dynamic MIG devices
-  apart only by the missing `uuid`; the explicit flag lets a DeviceClass or claim say so.
-- `existing(...)`: a MIG device that exists (an admin's, or one made for a claim), with its
-  `MIG-` UUID (field and `uuid` attribute), `NVIDIA_VISIBLE_DEVICES` naming it, and the
-  capability nodes of its GPU and compute instance (`naming.gpu_instance_cap`).
+  when a claim that got it is prepared (or hands over, when one of its profile already sits
+  there). It carries the bool attribute `createdOnDemand: true` and no UUID, before, while and
+  after the claim holds it. Upstream (dra-driver-nvidia-gpu, `DynamicMIG`) tells its dynamic
+  MIG devices apart only by the missing `uuid`; the explicit flag lets a DeviceClass or claim
+  say so.
+- `existing(...)`: a MIG device of a profile the node does not offer (an administrator's
+  layout, never made or destroyed by a claim), with its `MIG-` UUID (field and `uuid`
+  attribute), `NVIDIA_VISIBLE_DEVICES` naming it, and the capability nodes of its GPU and
+  compute instance (`naming.gpu_instance_cap`).
 """
 
 from __future__ import annotations

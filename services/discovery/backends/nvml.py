@@ -11,16 +11,17 @@ Per GPU: `type`, `uuid`, `index`, `productName`, `architecture`, `cudaComputeCap
 `migCapable`, `interconnectGroup` (NVLink-connected set) and capacity `memory`; with an IOMMU
 group (sysfs), `iommuGroup`, `vfioViable` and `pciBusID` (docs/vfio.md; not on MIG devices).
 
-MIG (see `mig`): on a GPU in MIG mode, every MIG device that exists (a GPU instance holding one
-compute instance) is published with its UUID, whatever `mig_profiles` says. With `mig_profiles`
-set, each placement of those profiles that is free (overlaps no GPU instance, and its profile
-is below its instance limit) is published as an option made on demand (`createdOnDemand`):
-the allocation agent makes that MIG device when a claim that got it is prepared, and once it
-exists the next scan publishes the same slot as existing. Hopper and later offer the options
+MIG (see `mig`): with `mig_profiles` set, every slot of those profiles (a profile at one
+placement) is published as an option made on demand (`createdOnDemand`, no UUID) while it is
+free (overlaps no GPU instance, its profile below its instance limit) *and* while a MIG device
+sits exactly there: the allocation agent makes that MIG device when a claim that got the slot
+is prepared (or hands over the one already there) and destroys what it made at unprepare, so
+the slot's published device must not change with that instance's life. Its UUID is a fact of
+one claim and goes into that claim's CDI spec and status, never into the slice, where it
+would outlive the instance until the next scan. A MIG device of any other profile (an
+administrator's layout) is published with its UUID. Hopper and later offer the options
 whatever the MIG mode; Ampere only while MIG is on. A GPU instance with several compute
-instances is not published (its MIG devices are not one slot), and no option overlaps it; one
-with no compute instance yet (being made for a claim when a crash cut its prepare short) stays
-its slot's option, so that the claim's retry finds the device it was allocated.
+instances is not published (its MIG devices are not one slot), and no option overlaps it.
 """
 
 from __future__ import annotations
@@ -282,7 +283,8 @@ def _slots(
     options: NvmlOptions,
     counters: inventory_pb2.CounterSet,
 ) -> list[inventory_pb2.Device]:
-    """Per profile and placement: the MIG device there, else an option where one may be made."""
+    """Per profile and placement: the option of an offered profile (free, or holding the MIG
+    device made for it), else the MIG device there."""
     existing = _existing(gpu)
     holding = {device.gpu_instance for device in gpu.mig_devices}
     offer = _options_wanted(gpu, options)
@@ -293,7 +295,10 @@ def _slots(
         full = len(made) >= profile.info.instance_count
         for placement in profile.placements:
             here = next((gi for gi in made if gi.placement == placement), None)
-            if here is not None and here.id in existing:
+            if here is not None and offered and (here.id in existing or here.id not in holding):
+                # The slot as it was allocated: its instance lives and dies with one claim.
+                device = mig.partition(whole, profile, placement, counters=counters, on_demand=True)
+            elif here is not None and here.id in existing:
                 device = mig.existing(
                     whole,
                     profile,
@@ -302,10 +307,6 @@ def _slots(
                     gpu_minor=gpu.minor,
                     counters=counters,
                 )
-            elif here is not None and here.id not in holding and offered:
-                # A GPU instance without its compute instance yet: one being made for a claim
-                # (its prepare cut short by a crash) stays the option the claim was given.
-                device = mig.partition(whole, profile, placement, counters=counters, on_demand=True)
             elif (
                 here is None
                 and offered

@@ -12,6 +12,14 @@ vNPUs share its AI cores. A chip with static vNPUs gets one counter set,
 of it and each vNPU its template's cores (`vir<NN>...` has NN), so the scheduler never
 allocates a chip together with a vNPU of it. A vNPU made at prepare time is made on a whole
 chip that a claim was allocated, which holds the whole counter set the same way.
+
+Templates made at prepare (`TEMPLATES`, docs/hardware.md §3.6): a chip whose model has
+templates, and whose npu-smi shows its vNPU view, is published with options: per template,
+as many as its AI cores hold, each `npu-<device id>-vnpu-<template>-<k>` consuming the
+template's cores of the chip's counter set. The allocation agent makes such a vNPU under an
+id of the chip's upper half (`on_demand_ids`) and destroys it at unprepare, so discovery tells
+those vNPUs from an administrator's by id alone and publishes them as nothing of their own:
+the option the claim was allocated stands for its vNPU for its whole life.
 """
 
 from __future__ import annotations
@@ -30,8 +38,12 @@ __all__ = [
     "counter_total",
     "device_name",
     "device_names",
+    "on_demand_ids",
+    "option_name",
     "template_cores",
+    "templates",
     "vnpu_consumption",
+    "vnpu_ids",
     "vnpu_name",
     "whole_chip_consumption",
 ]
@@ -47,6 +59,27 @@ AI_CORES = {
     "310P3": 8,
 }
 """AI cores per chip (docs/hardware.md §3.1); A3 (`Ascend910`) per die."""
+TEMPLATES: Mapping[str, tuple[str, ...]] = {
+    "910B1": ("vir03_1c_8g", "vir06_1c_16g", "vir12_3c_32g"),
+    "910B2": ("vir03_1c_8g", "vir06_1c_16g", "vir12_3c_32g"),
+    "910B3": ("vir05_1c_16g", "vir10_3c_32g"),
+    "910B4-1": ("vir05_1c_16g", "vir10_3c_32g"),
+    "910B4": ("vir05_1c_8g", "vir10_3c_16g"),
+    "310P3": (
+        "vir01",
+        "vir02",
+        "vir04",
+        "vir02_1c",
+        "vir04_3c",
+        "vir04_3c_ndvpp",
+        "vir04_4c_dvpp",
+    ),
+}
+"""The vNPU templates made at prepare, per chip model (docs/hardware.md §3.6)."""
+VNPU_IDS = 16
+"""vNPU ids per chip: `[phy*16+100, phy*16+115]` (docs/hardware.md §3.6)."""
+_INFERENCE_IDS = 8
+"""Inference chips (310P) use only the first 8 of them."""
 AI_CORE_COUNTER = "ai-cores"
 """The counter of a chip's AI cores, which its vNPUs share."""
 TEMPLATE = re.compile(r"^vir(\d+)(_[a-z0-9]+)*$")
@@ -76,6 +109,29 @@ def device_names(chips: Sequence[NpuChip]) -> dict[tuple[int, int], str]:
 def vnpu_name(chip: NpuChip, vnpu_id: int) -> str:
     """The device name of the static vNPU `vnpu_id` of `chip`."""
     return f"{device_name(chip)}-vnpu-{vnpu_id}"
+
+
+def option_name(chip: NpuChip, template: str, k: int) -> str:
+    """The `k`-th option of `template` on `chip`: `npu-7-vnpu-vir02-1c-0` (RFC 1123)."""
+    return f"{device_name(chip)}-vnpu-{template.replace('_', '-')}-{k}"
+
+
+def templates(chip_name: str) -> tuple[str, ...]:
+    """The templates a chip of this model makes at prepare (none for a model not listed)."""
+    return TEMPLATES.get(chip_name.removeprefix("Ascend ").strip(), ())
+
+
+def vnpu_ids(physical_id: int, chip_name: str) -> range:
+    """The vNPU ids of a chip: `[phy*16+100, ...]`, 16 on training chips, 8 on 310P."""
+    count = _INFERENCE_IDS if chip_name.startswith("310") else VNPU_IDS
+    first = physical_id * VNPU_IDS + 100
+    return range(first, first + count)
+
+
+def on_demand_ids(physical_id: int, chip_name: str) -> range:
+    """The upper half of the chip's vNPU ids: those the allocation agent makes vNPUs under."""
+    ids = vnpu_ids(physical_id, chip_name)
+    return ids[len(ids) // 2 :]
 
 
 def template_cores(template: str) -> int | None:

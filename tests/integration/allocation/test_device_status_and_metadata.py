@@ -37,7 +37,7 @@ async def test_a_prepared_claim_gets_metadata_and_device_status_until_unprepared
     async with node.registered() as (_, kubelet):
         answer = (await kubelet.prepare([claim])).claims[claim.uid]
         assert not answer.error, answer.error
-        host = node.config.metadata_dir / claim.uid / "npu" / "metadata.json"
+        host = node.config.metadata_dir / f"{claim.uid}_npu.json"
         objects = [json.loads(part) for part in _split(host.read_text())]
         assert [o["apiVersion"].rsplit("/", 1)[1] for o in objects] == ["v1beta1", "v1alpha1"]
         assert [d["name"] for d in objects[0]["requests"][0]["devices"]] == ["npu-0", "npu-1"]
@@ -75,7 +75,7 @@ async def test_a_prepared_claim_gets_metadata_and_device_status_until_unprepared
         )
         answer = (await kubelet.unprepare([claim])).claims[claim.uid]
         assert not answer.error, answer.error
-        assert not host.parent.parent.exists()
+        assert not host.exists()
         await node.eventually(lambda: entries() == [])
 
 

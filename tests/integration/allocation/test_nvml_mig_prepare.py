@@ -6,10 +6,9 @@ publishes for them (`--mig-profiles 1g.10gb,3g.40gb`); the claim names no device
 partition profile: its CEL selector asks for a `1g.10gb` MIG device, and the product allocator
 picks a published slot for it (an option made on demand). Preparing it makes the MIG device
 through NVML; the CDI spec gives the container that device; a rescan publishes the slot as
-the MIG device that exists; unprepare destroys it and the slot is an option again. Killed with
--9 right after the MIG device was made (`partition-created`), the agent's next start and the
-kubelet's retry finish the claim with that device, never a second one, even though discovery
-now shows the slot as existing.
+the same option, naming no UUID that unprepare destroys; unprepare destroys the MIG device.
+Killed with -9 right after the MIG device was made (`partition-created`), the agent's next
+start and the kubelet's retry finish the claim with that device, never a second one.
 """
 
 from __future__ import annotations
@@ -212,10 +211,10 @@ async def test_a_mig_slot_chosen_by_its_attributes_is_made_given_and_destroyed(
         [entry] = mig_node.ledger()
         assert (entry["claimUID"], entry["id"]) == (claim.uid, uuid)
 
-        # Discovery's next scan: the slot is the MIG device that exists now, same name.
+        # Discovery's next scan: the slot is still the option it was allocated as; the UUID
+        # is the claim's (CDI spec), never the slice's, so unprepare leaves none stale there.
         rescanned, _ = await mig_node.publish()
-        existing = _device(rescanned, slot)
-        assert (existing.uuid, "createdOnDemand" in existing.attributes) == (uuid, False)
+        assert _device(rescanned, slot) == option
 
         assert (await kubelet.unprepare([claim])).claims[claim.uid].error == ""
         assert mig_node.instances() == {}
@@ -240,9 +239,10 @@ async def test_a_crash_right_after_the_mig_device_was_made_neither_leaks_nor_dup
     assert plugin_node.stored().get(claim.uid).state is ClaimState.PREPARE_STARTED
     assert plugin_node.spec(claim.uid) is None
 
-    # While the agent was down, discovery published the slot as the MIG device that exists.
+    # While the agent was down, discovery rescanned: the slot is still the option.
     rescanned, _ = await mig_node.publish()
-    assert _device(rescanned, slot).uuid == uuid
+    assert _device(rescanned, slot).attributes["createdOnDemand"].bool
+    assert uuid not in str(_device(rescanned, slot))
 
     async with _running(mig_node, mig_node.process()) as kubelet:
         answer = (await kubelet.prepare([claim])).claims[claim.uid]

@@ -109,7 +109,7 @@ async def test_a_vm_claim_gets_vfio_and_its_gpu_goes_back_to_its_driver(plugin_n
         ]
         # The VM's launcher reads the PCI address from the metadata the spec mounts.
         (mount,) = edits["mounts"]
-        host = node.config.metadata_dir / claim.uid / "npu" / "metadata.json"
+        host = node.config.metadata_dir / f"{claim.uid}_npu.json"
         assert mount["hostPath"] == str(host)
         first = json.loads(host.read_text().split("\n}\n")[0] + "\n}")
         (entry,) = first["requests"][0]["devices"]

@@ -132,6 +132,21 @@ async def test_writer_writes_lists_and_removes_specs(tmp_path):
     assert not writer.writes  # nothing kept per claim once it is gone
 
 
+async def test_a_writer_without_fsync_writes_the_same_spec_and_matches_only_it(tmp_path):
+    durable, fast = tmp_path / "durable", tmp_path / "fast"
+    spec = _spec()
+    for root, is_durable in ((durable, True), (fast, False)):
+        writer = CDIWriter(root, driver=DRIVER, durable=is_durable)
+        writer.prepare_root()
+        assert not writer.matches(UID, spec)  # no file yet
+        await writer.write(UID, spec)
+        assert writer.matches(UID, spec)
+        assert not writer.matches(UID, {**spec, "devices": []})
+        assert writer.path(UID).stat().st_mode & 0o777 == 0o644
+    name = spec_files.spec_file_name(DRIVER, UID)
+    assert (durable / name).read_bytes() == (fast / name).read_bytes()
+
+
 async def test_writer_ignores_specs_of_other_drivers(tmp_path):
     (tmp_path / spec_files.spec_file_name("other.example.com", UID)).write_text("{}")
     assert CDIWriter(tmp_path, driver=DRIVER).claim_uids() == []

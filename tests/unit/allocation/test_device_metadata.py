@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -182,7 +183,7 @@ def test_the_cdi_spec_mounts_the_file_read_only_at_the_contract_path(template, e
         expected.replace("/gpus/s", "/solo/s"),
     ]
     assert mounts[0] == {
-        "hostPath": f"{ROOT}/{uid}/gpus/metadata.json",
+        "hostPath": f"{ROOT}/{uid}_gpus.json",
         "containerPath": expected,
         "options": ["ro", "bind"],
     }
@@ -236,7 +237,9 @@ class _Inventory:
         self.current = _inventory()
 
 
-def _preparer(base: Path, kube: Any, *, enabled: bool = True) -> ClaimPreparer:
+def _preparer(
+    base: Path, kube: Any, *, enabled: bool = True, durable: bool = True
+) -> ClaimPreparer:
     checkpoints = CheckpointStore(base / "checkpoint")
     checkpoints.load()
     (base / "cdi").mkdir(exist_ok=True)
@@ -244,10 +247,10 @@ def _preparer(base: Path, kube: Any, *, enabled: bool = True) -> ClaimPreparer:
         claims=ClaimReader(kube, driver=DRIVER, pool=NODE),
         inventory=_Inventory(),
         checkpoints=checkpoints,
-        cdi_writer=CDIWriter(base / "cdi", driver=DRIVER),
+        cdi_writer=CDIWriter(base / "cdi", driver=DRIVER, durable=durable),
         driver=DRIVER,
         backend="sim",
-        metadata_files=MetadataFiles(base / "dra-device-metadata"),
+        metadata_files=MetadataFiles(base / "dra-device-metadata", durable=durable),
         device_metadata=enabled,
     )
 
@@ -260,7 +263,7 @@ def claim(kube_reader, make_claim) -> ClaimRef:
 
 
 def _file(base: Path, uid: str) -> Path:
-    return base / "dra-device-metadata" / uid / "gpus" / "metadata.json"
+    return base / "dra-device-metadata" / f"{uid}_gpus.json"
 
 
 async def test_prepare_writes_the_file_the_spec_mounts_and_unprepare_removes_it(
@@ -274,7 +277,8 @@ async def test_prepare_writes_the_file_the_spec_mounts_and_unprepare_removes_it(
     spec = json.loads((tmp_path / "cdi" / spec_files.spec_file_name(DRIVER, claim.uid)).read_text())
     assert [m["hostPath"] for m in _mounts(spec)] == [str(path)]
     await prep.unprepare(claim)
-    assert not (tmp_path / "dra-device-metadata" / claim.uid).exists()
+    assert not path.exists()
+    assert list((tmp_path / "dra-device-metadata").iterdir()) == []
 
 
 async def test_with_the_feature_off_no_file_is_written(tmp_path, kube_reader, claim):
@@ -290,14 +294,13 @@ async def test_a_restart_rewrites_a_lost_file_and_removes_orphans(tmp_path, kube
     path.unlink()
     # An orphan: a crash after the metadata write, before any record (and its temporary).
     orphan = _file(tmp_path, str(uuid.uuid4()))
-    orphan.parent.mkdir(parents=True)
     orphan.write_text("{}")
-    temporary = path.parent / ".metadata.json.tmp-4242"
+    temporary = path.parent / f".{path.name}.tmp-4242"
     temporary.write_text("{")
     restarted = _preparer(tmp_path, kube_reader)
     await restarted.recover()
     assert path.read_bytes() == document.encode_stream(record.device_metadata["gpus"])
-    assert not orphan.parent.parent.exists()
+    assert not orphan.exists()
     assert not temporary.exists()
     # A repeated prepare answers from the checkpoint and finds everything in place.
     assert await restarted.prepare(claim) == record
@@ -321,7 +324,7 @@ async def test_a_claim_prepared_with_metadata_keeps_it_when_the_feature_is_turne
     await off.recover()
     assert _file(tmp_path, claim.uid).is_file()  # its spec still mounts it
     await off.unprepare(claim)
-    assert not (tmp_path / "dra-device-metadata" / claim.uid).exists()
+    assert not _file(tmp_path, claim.uid).exists()
 
 
 async def test_a_restart_rewrites_a_file_a_power_loss_left_empty(tmp_path, kube_reader, claim):
@@ -331,3 +334,49 @@ async def test_a_restart_rewrites_a_file_a_power_loss_left_empty(tmp_path, kube_
     path.write_bytes(b"")  # written without fsync, then the power went
     await _preparer(tmp_path, kube_reader).recover()
     assert path.read_bytes() == document.encode_stream(record.device_metadata["gpus"])
+
+
+async def test_a_restart_rewrites_a_spec_a_power_loss_left_empty_or_old(
+    tmp_path, kube_reader, claim
+):
+    # The agent writes specs and metadata files without fsync, as here.
+    prep = _preparer(tmp_path, kube_reader, durable=False)
+    record = await prep.prepare(claim)
+    spec = tmp_path / "cdi" / spec_files.spec_file_name(DRIVER, claim.uid)
+    written = spec.read_bytes()
+    assert json.loads(written) == record.cdi_spec
+    for lost in (b"", written.replace(b"gpu-1", b"gpu-9")):
+        spec.write_bytes(lost)  # renamed into place, its data never reached the disk
+        await _preparer(tmp_path, kube_reader, durable=False).recover()
+        assert spec.read_bytes() == written
+
+
+async def test_a_claim_prepared_before_the_flat_layout_keeps_its_files_where_its_spec_mounts_them(
+    tmp_path, kube_reader, claim
+):
+    # A record and files as an agent before the flat layout left them.
+    record = await _preparer(tmp_path, kube_reader).prepare(claim)
+    flat = _file(tmp_path, claim.uid)
+    legacy = tmp_path / "dra-device-metadata" / claim.uid / "gpus" / "metadata.json"
+    legacy.parent.mkdir(parents=True)
+    flat.rename(legacy)
+    old_spec = json.loads(json.dumps(record.cdi_spec).replace(str(flat), str(legacy)))
+    checkpoints = CheckpointStore(tmp_path / "checkpoint")
+    checkpoints.load()
+    await checkpoints.put(replace(record, cdi_spec=old_spec))
+    spec_file = tmp_path / "cdi" / spec_files.spec_file_name(DRIVER, claim.uid)
+    spec_file.write_text(json.dumps(old_spec, indent=2, sort_keys=True))
+    written = legacy.read_bytes()
+
+    upgraded = _preparer(tmp_path, kube_reader)
+    await upgraded.recover()
+    assert legacy.read_bytes() == written
+    assert not flat.exists()
+    legacy.write_bytes(b"")  # a power loss: rewritten where the spec mounts it
+    await _preparer(tmp_path, kube_reader).recover()
+    assert legacy.read_bytes() == written
+    assert not flat.exists()
+    assert json.loads(spec_file.read_text()) == old_spec
+
+    await upgraded.unprepare(claim)
+    assert list((tmp_path / "dra-device-metadata").iterdir()) == []

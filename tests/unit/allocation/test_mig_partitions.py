@@ -219,6 +219,33 @@ async def test_a_slot_made_for_an_option_is_found_again_as_the_mig_device_it_bec
     assert nvml.gpu_instances_of(0) == []
 
 
+async def test_an_admins_mig_device_at_the_options_slot_is_handed_over_and_kept(
+    manager, nvml, state
+):
+    # Discovery publishes a slot of an offered profile as an option even while a MIG device
+    # sits there: one the allocation agent did not make is given as it is, never destroyed.
+    admin = nvml.admin_gpu_instance(0, 19, start=2)
+    nvml.init()
+    handle = nvml.handle_by_uuid(nvml.gpus[0].uuid)
+    ci = nvml.create_compute_instance(handle, admin, 0)
+    uuid = nvml.mig_device_uuid(handle, admin, ci)
+    given = await manager.create(
+        claim_uid=CLAIM_A, device=_gpu(nvml), profile="1g.10gb", placement=2
+    )
+    assert given.id == uuid
+    assert given.env == {"NVIDIA_VISIBLE_DEVICES": uuid}
+    [entry] = json.loads(state.read_text())["partitions"]
+    assert (entry["adopted"], entry["giId"], entry["ciId"]) == (True, admin, ci)
+    assert await manager.delete_claim(CLAIM_A) == [given]
+    assert nvml.gpu_instances_of(0) == [(admin, Placement(2, 1), 1)]
+    assert await manager.partitions() == []
+    # The next claim of the slot gets it again.
+    again = await manager.create(
+        claim_uid=CLAIM_B, device=_gpu(nvml), profile="1g.10gb", placement=2
+    )
+    assert again.id == uuid
+
+
 async def test_mig_mode_off_fails_the_claim_clearly_and_writes_nothing(state, caps):
     nvml = FakeMigNVML(mig_enabled=False, capabilities_root=caps)
     manager = _manager(state, nvml, caps)

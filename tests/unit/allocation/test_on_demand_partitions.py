@@ -425,10 +425,9 @@ async def test_a_discovered_nvml_option_made_before_a_crash_is_finished_once_it_
     )
     await rig.checkpoints.put(started)
     (rig.cdi_root / spec_files.spec_file_name(DRIVER, ref.uid)).unlink()
-    # Meanwhile discovery scanned: the slot is the MIG device that exists now, same name.
+    # Meanwhile discovery scanned: the slot is still the option, naming no UUID.
     now = await _discovered(nvml)
-    existing = _named(now, three_g)
-    assert (existing.uuid, on_demand_option(existing, claim_uid="c")) == (made.partition_id, None)
+    assert _named(now, three_g) == _named(inventory, three_g)
 
     restarted = _rig(tmp_path, kube_reader, now, partitions=partitions())
     finished = await restarted.preparer.prepare(ref)

@@ -181,8 +181,8 @@ async def test_a_vnpu_partition_reaches_the_cdi_spec_and_goes_at_unprepare(
     ref = _claim(kube_reader, make_claim, "npu-1", "vir05_1c_8g")
     await rig.preparer.prepare(ref)
     edits, common = _edits(rig.spec(ref.uid))
-    assert edits["deviceNodes"] == [{"path": "/dev/davinci116", "hostPath": "/dev/vdavinci116"}]
-    assert {"ASCEND_VISIBLE_DEVICES=116", "ASCEND_RUNTIME_OPTIONS=VIRTUAL"} <= set(edits["env"])
+    assert edits["deviceNodes"] == [{"path": "/dev/davinci124", "hostPath": "/dev/vdavinci124"}]
+    assert {"ASCEND_VISIBLE_DEVICES=124", "ASCEND_RUNTIME_OPTIONS=VIRTUAL"} <= set(edits["env"])
     assert common["deviceNodes"] == [{"path": p} for p in ASCEND_CONTROL]
     await rig.preparer.unprepare(ref)
     assert rig.npu_smi.on_chip(1) == {}

@@ -49,7 +49,7 @@ def manager(state: Path, npu_smi: FakeVnpuNpuSmi) -> VnpuPartitionManager:
 
 async def test_a_partition_is_a_vnpu_seen_by_the_container_as_its_davinci_node(manager, npu_smi):
     partition = await manager.create(claim_uid=CLAIM_A, device=_npu(3), profile=TEMPLATE)
-    vnpu = 3 * 16 + 100
+    vnpu = 3 * 16 + 108  # the upper half of the chip's ids: the agent's own
     assert npu_smi.on_chip(3) == {vnpu: TEMPLATE}
     assert ["set", "-t", "create-vnpu", "-i", "3", "-c", "0", "-f", TEMPLATE, "-v", str(vnpu)] in (
         npu_smi.calls
@@ -79,9 +79,9 @@ async def test_claims_sharing_a_chip_get_the_next_free_ids_until_the_cores_run_o
     manager, npu_smi
 ):
     a = await manager.create(claim_uid=CLAIM_A, device=_npu(0), profile="vir10_3c_16g")
-    npu_smi.add(0, 0, 101, "vir05_1c_8g")  # an admin's
+    npu_smi.add(0, 0, 109, "vir05_1c_16g")  # an admin's, under an id of the agent's half
     b = await manager.create(claim_uid=CLAIM_B, device=_npu(0), profile=TEMPLATE)
-    assert (a.id, b.id) == ("100", "102")
+    assert (a.id, b.id) == ("108", "110")
     third = "cccccccc-0000-4000-8000-000000000003"
     with pytest.raises(ClaimError, match=r"no room for a vir05_1c_8g vNPU on npu-0 \(0 AI cores"):
         await manager.create(claim_uid=third, device=_npu(0), profile=TEMPLATE)
@@ -114,8 +114,8 @@ async def test_a_crash_before_npu_smi_ran_makes_the_vnpu_at_the_retry(
         )
     assert npu_smi.on_chip(0) == {}
     partition = await manager.create(claim_uid=CLAIM_A, device=_npu(0), profile=TEMPLATE)
-    assert npu_smi.on_chip(0) == {100: TEMPLATE}
-    assert partition.id == "100"
+    assert npu_smi.on_chip(0) == {108: TEMPLATE}
+    assert partition.id == "108"
 
 
 async def test_delete_destroys_the_claims_vnpus_and_is_idempotent(manager, npu_smi):
@@ -146,11 +146,23 @@ async def test_a_recorded_id_now_holding_another_template_is_left_alone(manager,
         await manager.create(claim_uid=CLAIM_A, device=_npu(0), profile=TEMPLATE)
     # Ours vanished (device restart), an admin made another vNPU under the same id.
     npu_smi.vnpus.clear()
-    npu_smi.add(0, 0, 100, "vir10_3c_16g")
-    with pytest.raises(ClaimError, match="vNPU 100 on npu-0 is a vir10_3c_16g, not the vir05"):
+    npu_smi.add(0, 0, 108, "vir10_3c_16g")
+    with pytest.raises(ClaimError, match="vNPU 108 on npu-0 is a vir10_3c_16g, not the vir05"):
         await manager.create(claim_uid=CLAIM_A, device=_npu(0), profile=TEMPLATE)
     await manager.delete_claim(CLAIM_A)
-    assert npu_smi.on_chip(0) == {100: "vir10_3c_16g"}
+    assert npu_smi.on_chip(0) == {108: "vir10_3c_16g"}
+
+
+async def test_an_admins_vnpu_under_the_agents_ids_is_handed_over_and_kept(manager, npu_smi):
+    # Discovery publishes no vNPU under the agent's ids as its own device: the template's
+    # options stand for it, and the claim that gets one is given that vNPU as it is.
+    npu_smi.add(0, 0, 111, TEMPLATE)
+    given = await manager.create(claim_uid=CLAIM_A, device=_npu(0), profile=TEMPLATE)
+    assert given.id == "111"
+    assert npu_smi.count("create-vnpu") == 0
+    assert await manager.delete_claim(CLAIM_A) == [given]
+    assert npu_smi.on_chip(0) == {111: TEMPLATE}
+    assert npu_smi.count("destroy-vnpu") == 0
 
 
 async def test_a_failed_create_fails_the_claim_with_npu_smis_reason_and_keeps_no_entry(
@@ -203,9 +215,12 @@ async def test_chips_are_found_by_logic_id_on_multi_chip_cards(state):
     chips = [FakeChip(c // 2, c % 2, c, c, name="310P3", ai_cores=8) for c in range(4)]
     npu_smi = FakeVnpuNpuSmi(chips=chips)
     manager = VnpuPartitionManager(state, run_command=npu_smi)
-    partition = await manager.create(claim_uid=CLAIM_A, device=_npu(3, cores="8"), profile="vir02")
-    assert npu_smi.on_chip(1, 1) == {3 * 16 + 100: "vir02"}
-    assert partition.id == "148"
+    chip = _npu(3, cores="8")
+    chip.attributes["chipName"].string = "310P3"
+    partition = await manager.create(claim_uid=CLAIM_A, device=chip, profile="vir02")
+    # An inference chip has 8 ids; the agent makes its vNPUs under the upper 4.
+    assert npu_smi.on_chip(1, 1) == {3 * 16 + 104: "vir02"}
+    assert partition.id == "152"
 
 
 def test_check_refuses_what_cannot_be_a_vnpu(manager):
@@ -229,8 +244,8 @@ async def test_the_real_runner_drives_an_npu_smi_executable(tmp_path, state):
     binary, fake_state = install(tmp_path, FakeVnpuNpuSmi.node(2))
     manager = VnpuPartitionManager(state, npu_smi=str(binary), timeout_s=20)
     partition = await manager.create(claim_uid=CLAIM_A, device=_npu(1), profile=TEMPLATE)
-    assert FakeVnpuNpuSmi.load(fake_state).on_chip(1) == {116: TEMPLATE}
-    assert partition.id == "116"
+    assert FakeVnpuNpuSmi.load(fake_state).on_chip(1) == {124: TEMPLATE}
+    assert partition.id == "124"
     await manager.delete_claim(CLAIM_A)
     assert FakeVnpuNpuSmi.load(fake_state).on_chip(1) == {}
 

@@ -45,7 +45,7 @@ def _by_name(devices: Any) -> dict[str, inventory_pb2.Device]:
 async def test_static_vnpus_of_the_host_view_are_published_as_partitions_of_their_chip():
     fake = _fake()
     scan = await _scan(fake)
-    devices = _by_name(scan.devices)
+    devices = _by_name(d for d in scan.devices if "createdOnDemand" not in d.attributes)
     assert list(devices) == ["npu-0", "npu-0-vnpu-100", "npu-0-vnpu-101"]
     assert ("npu-smi", "info", "-t", "info-vnpu", "-i", "7", "-c", "0") in fake.calls
     vnpu = devices["npu-0-vnpu-100"]
@@ -68,6 +68,7 @@ async def test_the_chip_consumes_its_whole_counter_set_and_each_vnpu_its_templat
     uses = {
         d.name: [(c.counter_set, dict(c.counters)) for c in d.consumes_counters]
         for d in scan.devices
+        if "createdOnDemand" not in d.attributes
     }
     assert uses == {
         "npu-0": [("npu-0-counter-set", {"ai-cores": "8"})],
@@ -76,10 +77,60 @@ async def test_the_chip_consumes_its_whole_counter_set_and_each_vnpu_its_templat
     }
 
 
-@pytest.mark.parametrize(
-    "view", [None, "910b3-info-vnpu-empty.txt", "310p3-published.txt"], ids=str
-)
-async def test_a_chip_without_vnpus_or_without_a_vnpu_view_has_no_counters(view):
+async def test_a_chip_with_the_vnpu_view_offers_its_models_templates_made_at_prepare():
+    scan = await _scan(_fake())  # the 310P3 chip: 8 AI cores, a vir04 and a vir02 made
+    (counters,) = scan.shared_counters
+    assert dict(counters.counters) == {"ai-cores": "8"}
+    options = [d for d in scan.devices if "createdOnDemand" in d.attributes]
+    by_template: dict[str, list[str]] = {}
+    for option in options:
+        assert option.attributes["createdOnDemand"].bool
+        assert option.parent == "npu-0"
+        template = option.attributes["vnpuTemplate"].string
+        assert option.attributes["profile"].string == template
+        assert option.attributes["chipName"].string == f"310P3{template}"
+        assert (option.uuid, list(option.device_nodes), dict(option.env)) == ("", [], {})
+        assert "index" not in option.attributes
+        [use] = option.consumes_counters
+        assert dict(use.counters) == {"ai-cores": str(int(template[3:5]))}
+        by_template.setdefault(template, []).append(option.name)
+    # As many of each as the agent's 4 ids of a 310P chip and its 8 AI cores hold.
+    assert {t: len(names) for t, names in by_template.items()} == {
+        "vir01": 4,
+        "vir02": 4,
+        "vir04": 2,
+        "vir02_1c": 4,
+        "vir04_3c": 2,
+        "vir04_3c_ndvpp": 2,
+        "vir04_4c_dvpp": 2,
+    }
+    assert by_template["vir02_1c"][0] == "npu-0-vnpu-vir02-1c-0"
+
+
+def _static(scan: Any) -> list[str]:
+    return [d.name for d in scan.devices if "createdOnDemand" not in d.attributes]
+
+
+async def test_a_vnpu_made_for_a_claim_is_published_as_nothing_but_its_option():
+    # The agent makes a claim's vNPU under the upper half of the chip's ids (104-107 on a
+    # 310P chip of physical id 0): discovery's scans before, while and after the claim holds
+    # it publish the same devices, so none names a vNPU that unprepare destroyed and no other
+    # claim can get the claim's vNPU as a static one.
+    key = ("info", "-t", "info-vnpu", "-i", "7", "-c", "0")
+    made_for_claim = _fake()
+    made_for_claim.outputs[key] = made_for_claim.outputs[key].replace("|  100 ", "|  104 ")
+    not_yet = _fake()
+    rows = not_yet.outputs[key].splitlines(keepends=True)
+    not_yet.outputs[key] = "".join(r for r in rows if "|  100 " not in r).replace(
+        "vnpu: 2", "vnpu: 1"
+    )
+    during, before = await _scan(made_for_claim), await _scan(not_yet)
+    assert _static(during) == _static(before) == ["npu-0", "npu-0-vnpu-101"]
+    assert during == before
+
+
+@pytest.mark.parametrize("view", [None, "310p3-published.txt"], ids=str)
+async def test_a_chip_without_a_vnpu_view_has_no_counters(view):
     scan = await _scan(_fake(view))
     assert [d.name for d in scan.devices] == ["npu-0"]
     assert scan.shared_counters == ()

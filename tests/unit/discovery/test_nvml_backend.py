@@ -358,13 +358,31 @@ async def test_options_are_only_the_placements_still_free():
     fake.make_mig_device(0, 20, 1)  # 1g.10gb+me on slice 1: its only instance
     devices = by_name(await backend(fake, mig_profiles=profiles).scan())
     on_demand = sorted(n for n, d in devices.items() if "createdOnDemand" in d.attributes)
-    existing = sorted(n for n, d in devices.items() if d.kind == "mig" and d.uuid)
-    # Slot 4 of 3g.40gb is the MIG device itself (one name per slot), not an option.
-    assert existing == ["gpu-0-mig-1g10gb-me-20-1", "gpu-0-mig-3g40gb-9-4"]
-    assert devices["gpu-0-mig-3g40gb-9-4"].uuid == made.uuid
+    assert not [d for d in devices.values() if d.kind == "mig" and d.uuid]
+    assert made.uuid not in str(devices)
+    # Slots holding a MIG device of an offered profile stay the options they were allocated as.
     # Free: 1g.10gb on slices 0, 2 and 3. Nothing overlapping slices 1 or 4-7, no second
     # 1g.10gb+me (one per GPU), no 3g.40gb at 0 (overlaps slice 1), no 7g.80gb.
-    assert on_demand == [f"gpu-0-mig-1g10gb-19-{s}" for s in (0, 2, 3)]
+    assert on_demand == [
+        *(f"gpu-0-mig-1g10gb-19-{s}" for s in (0, 2, 3)),
+        "gpu-0-mig-1g10gb-me-20-1",
+        "gpu-0-mig-3g40gb-9-4",
+    ]
+
+
+async def test_a_slot_is_published_alike_before_during_and_after_its_mig_device():
+    # The allocation agent makes the MIG device of an option at prepare and destroys it at
+    # unprepare; discovery sees either only at its next scan. The slot it publishes meanwhile
+    # must name no UUID that unprepare destroys: it is the same device throughout.
+    fake = FakeNVML.node("H100-80GB", count=1, mig_enabled=True)
+    offered = ("1g.10gb", "3g.40gb")
+    before = by_name(await backend(fake, mig_profiles=offered).scan())["gpu-0-mig-3g40gb-9-4"]
+    made = fake.make_mig_device(0, 9, 4)
+    during = by_name(await backend(fake, mig_profiles=offered).scan())["gpu-0-mig-3g40gb-9-4"]
+    assert during == before
+    assert made.uuid not in str(during)
+    admins = by_name(await backend(fake).scan())["gpu-0-mig-3g40gb-9-4"]
+    assert admins.uuid == made.uuid  # a profile the node does not offer: an admin's layout
 
 
 async def test_a_gpu_instance_still_without_its_compute_instance_stays_its_slots_option():

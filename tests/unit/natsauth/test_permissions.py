@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from devcluster.natsauth import APP_MAX_PAYLOAD, APP_MAX_SUBSCRIPTIONS
 from services.natsauth import permissions
 from services.natsauth.identity import Identity
 from shared.bus.subjects import Names
@@ -64,6 +65,14 @@ OWN_CALLS = {
         "health",
         watch("health", N.claims_bucket, N.claim_keys(DRIVER, "node-a")),
     ),
+    "health guards its records": (
+        "health",
+        watch("health", N.health_bucket, health("node-a"), "guard"),
+    ),
+    "allocation guards its claims": (
+        "allocation",
+        watch("allocation", N.claims_bucket, N.claim_keys(DRIVER, "node-a"), "guard"),
+    ),
     "the operator injects faults anywhere": ("operator", N.control_wildcard),
     "the operator removes stale consumers": ("operator", "$JS.API.CONSUMER.DELETE.>"),
 }
@@ -111,6 +120,16 @@ def test_a_node_agent_names_each_consumer_exactly(role: str):
         assert ">" not in consumer, subject
 
 
+def test_only_the_writer_of_a_bucket_guards_its_keys_there():
+    def guarded(role: str) -> set[str]:
+        creates = [s.split(".") for s in grants(role).publish if ".CONSUMER.CREATE." in s]
+        return {parts[4] for parts in creates if parts[5].endswith("-guard")}
+
+    assert guarded("discovery") == set()
+    assert guarded("allocation") == {N.kv_stream(N.claims_bucket)}
+    assert guarded("health") == {N.kv_stream(N.health_bucket)}
+
+
 def test_consumer_names_of_two_nodes_never_meet():
     # A node named like another's name plus a purpose still gets a name of its own.
     assert N.consumer("health", "a-sim", "watch") != N.consumer("health", "a", "sim")
@@ -121,6 +140,17 @@ def test_every_user_jwt_is_limited():
     for role in ("discovery", "operator", permissions.PROVISIONER):
         claims = grants(role).claims()
         assert all(claims[limit] > 0 for limit in ("subs", "data", "payload")), role
+
+
+@pytest.mark.parametrize(
+    "role", ["discovery", "allocation", "health", "operator", permissions.PROVISIONER,
+             permissions.CERTIFIER],
+)  # fmt: skip
+def test_no_user_jwt_claims_more_than_the_account_holds_every_connection_to(role: str):
+    # nats-server applies the account's per-connection limits to callout users, not the JWT's.
+    claims = grants(role).claims()
+    assert claims["subs"] <= APP_MAX_SUBSCRIPTIONS
+    assert claims["payload"] <= APP_MAX_PAYLOAD
 
 
 def test_every_identity_subscribes_only_to_its_own_inbox_and_control():
