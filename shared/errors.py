@@ -16,6 +16,7 @@
     │   ├── DeviceNotAllocatableError, InvalidOpaqueConfigError
     │   └── CheckpointWriteError  the claim's checkpoint could not be written (disk full, read-only)
     ├── MalformedMessageError     a bus message that does not decode: logged and dropped
+    ├── ReplyRefusedError         a control reply not signed by the node's health agent
     ├── FatalError                unwinds the agent's TaskGroup: exit 1, Kubernetes restarts the pod
     │   ├── ConfigError (exit 2, raised before any connection opens)
     │   ├── CheckpointCorruptError, SocketBindError, BackendLoadError
@@ -51,6 +52,7 @@ __all__ = [
     "KubeNotFoundError",
     "KubeTransientError",
     "MalformedMessageError",
+    "ReplyRefusedError",
     "ProgrammingError",
     "RecoverableError",
     "SocketBindError",
@@ -156,6 +158,15 @@ class CheckpointWriteError(ClaimError):
 
 class MalformedMessageError(DraSuiteError):
     """A message on the bus that does not decode; the reader logs it and goes on."""
+
+    def __init__(self, message: str, *, subject: str) -> None:
+        super().__init__(message)
+        self.subject = subject
+
+
+class ReplyRefusedError(DraSuiteError):
+    """A reply on the bus whose writer is not the one the request's subject names (signatures
+    on); the requester takes no answer from it."""
 
     def __init__(self, message: str, *, subject: str) -> None:
         super().__init__(message)

@@ -22,7 +22,12 @@ from shared.bus import codec, reading
 from shared.bus.connection import Bus
 from shared.bus.reading import ReadOnlyBucket, StreamMessage
 from shared.bus.subjects import token
-from shared.errors import BusUnavailableError, DraSuiteError, MalformedMessageError
+from shared.errors import (
+    BusUnavailableError,
+    DraSuiteError,
+    MalformedMessageError,
+    ReplyRefusedError,
+)
 from shared.pb.drasuite.v1 import alert_pb2, claim_pb2, health_pb2, inventory_pb2
 
 __all__ = [
@@ -201,6 +206,8 @@ async def _control(bus: Bus, subject: str, data: bytes, *, what: str) -> dict[st
         raise CommandError(
             f"no health agent answered on {subject} (is the node name right?): {exc}"
         ) from exc
+    except ReplyRefusedError as exc:
+        raise CommandError(f"{what}: {exc}") from exc
     try:
         answer: dict[str, Any] = json.loads(reply.data)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

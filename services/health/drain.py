@@ -67,7 +67,7 @@ class DrainControl:
         while True:
             await self._bus.connected.wait()
             try:
-                await self._bus.subscribe(self._subject, self.handle)
+                await self._bus.serve(self._subject, self.handle)
                 break
             except BusUnavailableError as exc:
                 log.warning("drain_control_subscribe_failed", subject=self._subject, error=str(exc))

@@ -14,6 +14,7 @@ import json
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Protocol
 
 import nats
 import nats.errors
@@ -32,10 +33,10 @@ from shared.bus import convergence, origin, records, signing, streams
 from shared.bus.subjects import Names
 from shared.cancellation import reraise_if_cancelling
 from shared.config import NATSSettings
-from shared.errors import BusUnavailableError, ConfigError
+from shared.errors import BusUnavailableError, ConfigError, ReplyRefusedError
 from shared.redaction import redact_url
 
-__all__ = ["Bus", "MessageHandler"]
+__all__ = ["Bus", "ControlHandler", "ControlRequest", "MessageHandler", "Request"]
 
 log = structlog.get_logger(__name__)
 _reconnects = metrics.meter(__name__).create_counter(
@@ -130,6 +131,46 @@ class _RepeatGate:
 
     def reset(self) -> None:
         self._seen.clear()
+
+
+class Request(Protocol):
+    """What `Bus.reply` needs of a request: where it was sent and where to answer."""
+
+    @property
+    def subject(self) -> str: ...
+
+    @property
+    def reply(self) -> str: ...
+
+
+class ControlRequest:
+    """A request on a control subject, as `Bus.serve` hands it over: `respond` signs."""
+
+    def __init__(self, bus: Bus, msg: Msg) -> None:
+        self._bus = bus
+        self._msg = msg
+
+    @property
+    def subject(self) -> str:
+        return self._msg.subject
+
+    @property
+    def reply(self) -> str:
+        return self._msg.reply
+
+    @property
+    def data(self) -> bytes:
+        return self._msg.data
+
+    @property
+    def headers(self) -> dict[str, str] | None:
+        return self._msg.headers
+
+    async def respond(self, data: bytes) -> None:
+        await self._bus.reply(self._msg, data)
+
+
+ControlHandler = Callable[[ControlRequest], Awaitable[None]]
 
 
 class Bus:
@@ -442,12 +483,44 @@ class Bus:
         timeout_s: float,
         headers: Mapping[str, str] | None = None,
     ) -> Msg:
-        """Core NATS request/reply; the current trace context travels in the headers."""
+        """Core NATS request/reply; the current trace context travels in the headers.
+
+        The reply to a node's control subject must come from that node's health agent
+        (signatures on): one its signer's node does not own, or one signed for another request,
+        raises `ReplyRefusedError`."""
         carrier = telemetry.inject(dict(headers or {}))
         try:
-            return await self.nc.request(subject, data, timeout=timeout_s, headers=carrier)
+            reply = await self.nc.request(subject, data, timeout=timeout_s, headers=carrier)
         except _UNAVAILABLE as exc:
             raise BusUnavailableError(f"request {subject}: {exc}", subject=subject) from exc
+        # A reply arrives on the one-off subject this request gave it.
+        bound = self.names.control_reply(subject, reply.subject)
+        if self.names.writer_of(bound) is not None:
+            check = self.records.check(
+                bound, reply.data or b"", reply.headers, event="bus_reply_dropped"
+            )
+            if not check.ok:
+                raise ReplyRefusedError(
+                    f"the reply to {subject} was refused ({check.reason}): it is not signed by "
+                    "the health agent of that node",
+                    subject=subject,
+                )
+        return reply
+
+    async def reply(self, request: Request, data: bytes) -> None:
+        """Answer a request, signed when this process signs: over the request's subject bound
+        to its reply subject (`Names.control_reply`), so the answer proves its writer and
+        answers only that request."""
+        if not request.reply:
+            return
+        bound = self.names.control_reply(request.subject, request.reply)
+        headers = await self._signed(bound, data, {})
+        try:
+            await self.nc.publish(request.reply, data, headers=headers or None)
+        except _UNAVAILABLE as exc:
+            raise BusUnavailableError(
+                f"reply to {request.subject}: {exc}", subject=request.subject
+            ) from exc
 
     async def subscribe(
         self, subject: str, handler: MessageHandler, *, queue: str = ""
@@ -470,6 +543,14 @@ class Bus:
             return await self.nc.subscribe(subject, queue=queue, cb=guarded)
         except _UNAVAILABLE as exc:
             raise BusUnavailableError(f"subscribe {subject}: {exc}", subject=subject) from exc
+
+    async def serve(self, subject: str, handler: ControlHandler) -> Subscription:
+        """`subscribe` for a control subject: the handler's answers are signed (`reply`)."""
+
+        async def signing(msg: Msg) -> None:
+            await handler(ControlRequest(self, msg))
+
+        return await self.subscribe(subject, signing)
 
     async def _signed(self, subject: str, data: bytes, headers: dict[str, str]) -> dict[str, str]:
         """`headers` with this process's certificate and signature (when it signs)."""

@@ -27,6 +27,10 @@ def token(name: str) -> str:
     return name.replace(".", "_")
 
 
+_REPLY_BINDING = " reply-to "
+"""Joins a request subject and its reply subject; a NATS subject never holds a space."""
+
+
 @dataclass(frozen=True, slots=True)
 class Names:
     """Names under an optional namespace prefix (tests give each suite its own)."""
@@ -163,7 +167,15 @@ class Names:
 
     def writer_of(self, subject: str) -> Writer | None:
         """The (role, node token) that alone may write `subject`: a KV key of one of the
-        buckets, or a node's alert subject; None for anything else."""
+        buckets, a node's alert subject, or a reply to a node's control subject
+        (`control_reply`); None for anything else."""
+        prefix = self._subject_prefix
+        request, bound, _ = subject.partition(_REPLY_BINDING)
+        if bound:
+            parts = request[len(prefix) :].split(".") if request.startswith(prefix) else []
+            if len(parts) == 5 and parts[:2] == ["dra", "control"]:
+                return "health", parts[3]
+            return None
         tokens = subject.split(".")
         if len(tokens) >= 4 and tokens[0] == "$KV":
             bucket, key = tokens[1], tokens[2:]
@@ -175,12 +187,18 @@ class Names:
             if shape is not None and len(key) == shape[1]:
                 return shape[0], key[1]
             return None
-        prefix = self._subject_prefix
         if subject.startswith(prefix):
             parts = subject[len(prefix) :].split(".")
             if len(parts) == 4 and parts[:2] == ["dra", "alerts"]:
                 return "health", parts[3]
         return None
+
+    @staticmethod
+    def control_reply(request_subject: str, reply_subject: str) -> str:
+        """What a control reply's signature covers in place of a subject: the request's subject
+        (whose node's health agent alone may answer, `writer_of`) bound to the requester's
+        one-off reply subject, so that a signed answer to one request answers no other."""
+        return f"{request_subject}{_REPLY_BINDING}{reply_subject}"
 
     def certify(self, role: str, node: str) -> str:
         """Where a node agent asks the auth service to certify its writer key; only that

@@ -402,3 +402,20 @@ def test_keygen_makes_the_certify_key_and_the_service_reads_it(tmp_path: Path):
         )
     with pytest.raises(ConfigError, match="certificate-s"):
         AuthServiceConfig(issuer_seed_file=str(tmp_path / "issuer.seed"), certificate_s=10)
+
+
+def test_a_control_reply_is_owned_by_the_health_agent_of_the_node_asked():
+    inbox = "_INBOX.operator.x1.y2"
+    drain_b = N.control_reply(N.drain_control(DRIVER, "node-b"), inbox)
+    fault_b = N.control_reply(N.fault_control(DRIVER, "node-b"), inbox)
+    assert N.writer_of(drain_b) == N.writer_of(fault_b) == ("health", "node-b")
+    # Only a control subject binds an owner; a KV subject bound to an inbox is no record.
+    assert N.writer_of(N.control_reply(INVENTORY_B, inbox)) is None
+    assert N.writer_of(N.control_reply("dra.control.x.node-b", inbox)) is None
+    signed = writer("health", "node-b").headers(drain_b, b"{}", {})
+    assert verify(drain_b, b"{}", signed).node == "node-b"
+    with pytest.raises(signing.Rejected, match="signature does not check"):
+        verify(N.control_reply(N.drain_control(DRIVER, "node-b"), inbox + "z"), b"{}", signed)
+    from_a = writer("health", "node-a").headers(drain_b, b"{}", {})
+    with pytest.raises(signing.Rejected, match="does not own"):
+        verify(drain_b, b"{}", from_a)
