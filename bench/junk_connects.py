@@ -35,6 +35,8 @@ class FloodResult:
     """Junk clients the server answered with an error or closed: all of them, if it holds."""
     admitted: int
     seconds: float
+    cpu_s: float = 0.0
+    """CPU seconds the attacker's process spent connecting (its tokens made before)."""
 
 
 def junk_tokens(
@@ -89,13 +91,14 @@ async def flood(
         async with slots:
             return await _one(host, port, token, timeout_s)
 
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     answers = await asyncio.gather(*(bounded(token) for token in tokens))
     return FloodResult(
         sent=len(tokens),
         refused=sum(1 for answer in answers if answer is False),
         admitted=sum(1 for answer in answers if answer is True),
         seconds=time.perf_counter() - started,
+        cpu_s=time.process_time() - cpu_started,
     )
 
 

@@ -8,7 +8,9 @@ agents connecting at once, until the last one is in. The flood is an attack: `JU
 with junk tokens connecting from a process of their own while agents connect one after the
 other, each with a token never seen before (so each costs a real TokenReview);
 `nats_connect_auth_flood_success_ratio` is the share of those connects that got in, and their
-p99 is set against the same fresh-token connects without the flood.
+p99 is set against the same fresh-token connects without the flood. The CPU seconds that
+nats-server, the attacker's process and this process (auth service, API emulator and the
+agents' connects) spent during the flood show who had the machine.
 Run alone: `python -m bench.nats_auth`.
 """
 
@@ -18,6 +20,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import secrets
 import tempfile
 import time
@@ -31,7 +34,7 @@ import nats.aio.client
 import nats.errors
 import nkeys  # type: ignore[import-untyped]  # ships no type hints
 
-from bench.junk_connects import FloodProcess
+from bench.junk_connects import FloodProcess, FloodResult
 from bench.stats import percentile
 from devcluster.apiserver import APIServerEmulator, ClusterConfig
 from devcluster.natsauth import AuthCallout, ServerAuth
@@ -50,6 +53,8 @@ __all__ = ["NATSAuthFigures", "measure_nats_auth"]
 _NS, _NODE, _ACCOUNT = "dra-suite", "node-a", "dra-health"
 BURST = 200
 JUNK = 1500
+FLOOD_TOKENS = 10
+"""Fresh tokens made for the flood, per baseline connect."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +69,11 @@ class NATSAuthFigures:
     flood_ms: list[float]
     """Connects that got in while the junk flood ran, a new token each."""
     flood_failed: int
-    junk_refused: int
+    flood: FloodResult
+    server_cpu_s: float
+    """nats-server's CPU seconds while the flood ran."""
+    bench_cpu_s: float
+    """This process's (auth service, API emulator, agents' connects) while the flood ran."""
 
     def as_results(self) -> dict[str, Any]:
         return {
@@ -82,7 +91,11 @@ class NATSAuthFigures:
             ),
             "nats_connect_auth_flood_samples": len(self.flood_ms) + self.flood_failed,
             "nats_connect_auth_flood_junk": JUNK,
-            "nats_connect_auth_flood_junk_refused": self.junk_refused,
+            "nats_connect_auth_flood_junk_refused": self.flood.refused,
+            "nats_connect_auth_flood_s": round(self.flood.seconds, 3),
+            "nats_connect_auth_flood_cpu_s_attacker": round(self.flood.cpu_s, 3),
+            "nats_connect_auth_flood_cpu_s_nats_server": round(self.server_cpu_s, 3),
+            "nats_connect_auth_flood_cpu_s_auth_and_agents": round(self.bench_cpu_s, 3),
         }
 
 
@@ -174,6 +187,12 @@ async def _connect_once(settings: NATSSettings) -> float | None:
     return took
 
 
+def _cpu_s(pid: int | None) -> float:
+    """CPU seconds (user and system) process `pid` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def _fresh_connects(
     tokens: list[str], url: str, workdir: Path, *, until: asyncio.Task[Any] | None
 ) -> tuple[list[float], int]:
@@ -214,6 +233,9 @@ async def measure_nats_auth(*, workdir: Path, connects: int = 200) -> NATSAuthFi
                 kube=KubeSettings(kubeconfig=str(kube.write_kubeconfig(workdir / "kubeconfig"))),
                 issuer_seed_file=_secret(workdir / "issuer.seed", issuer_seed),
                 xkey_seed_file=_secret(workdir / "xkey.seed", xkey_seed),
+                # Every agent here connects from 127.0.0.1: one address's review budget
+                # would refuse the fresh-token connects, which stand for many nodes.
+                reviews_per_source=0,
             ))  # fmt: skip
             stop = asyncio.Event()
             task = asyncio.create_task(
@@ -226,23 +248,28 @@ async def measure_nats_auth(*, workdir: Path, connects: int = 200) -> NATSAuthFi
                 auth_ms = await _connects(agent, count=connects)
                 burst_s, burst_refused = await _burst(agent)
                 open_ms = await _connects(NATSSettings(url=plain.url), count=connects)
-                tokens = [await _token(kube) for _ in range(connects * 4)]
+                # Enough for the whole flood, which lasts while junk waits out the server's
+                # auth timeout.
+                tokens = [await _token(kube) for _ in range(connects * FLOOD_TOKENS)]
                 fresh_ms, _ = await _fresh_connects(
                     tokens[:connects], secured.url, workdir, until=None
                 )
+                server_cpu, bench_cpu = _cpu_s(secured.pid), time.process_time()
                 attack = await FloodProcess.start(secured.url, JUNK, kid=kube.cluster.tokens.key_id)
                 junk = asyncio.create_task(attack.result())
                 flood_ms, flood_failed = await _fresh_connects(
                     tokens[connects:], secured.url, workdir, until=junk
                 )
-                junk_refused = (await junk).refused
+                flood = await junk
+                server_cpu = _cpu_s(secured.pid) - server_cpu
+                bench_cpu = time.process_time() - bench_cpu
             finally:
                 stop.set()
                 await asyncio.wait_for(task, 10)
     return NATSAuthFigures(
         auth_ms=auth_ms, open_ms=open_ms, burst_s=burst_s, burst_refused=burst_refused,
-        fresh_ms=fresh_ms, flood_ms=flood_ms, flood_failed=flood_failed,
-        junk_refused=junk_refused,
+        fresh_ms=fresh_ms, flood_ms=flood_ms, flood_failed=flood_failed, flood=flood,
+        server_cpu_s=server_cpu, bench_cpu_s=bench_cpu,
     )  # fmt: skip
 
 

@@ -16,6 +16,8 @@ from pathlib import Path
 
 __all__ = [
     "APP_ACCOUNT_LIMITS",
+    "APP_MAX_PAYLOAD",
+    "APP_MAX_SUBSCRIPTIONS",
     "SYS_USER_PERMISSIONS",
     "AuthCallout",
     "JWTTrust",
@@ -24,12 +26,19 @@ __all__ = [
     "render_config",
 ]
 
+APP_MAX_SUBSCRIPTIONS = 256
+APP_MAX_PAYLOAD = 1 << 20
+"""Per connection in the app account; nats-server reads the config's `1MB` as 1 MiB."""
 APP_ACCOUNT_LIMITS = (
     "jetstream: { max_memory: 512MB, max_file: 1280MB, max_streams: 16, max_consumers: 50000 }",
-    "limits: { max_connections: 20000, max_subscriptions: 256, max_payload: 1MB }",
+    f"limits: {{ max_connections: 20000, max_subscriptions: {APP_MAX_SUBSCRIPTIONS}, "
+    "max_payload: 1MB }",
 )
 """The app account's limits, as `deploy/kustomize/base/nats.yaml` sets them: room for the
-streams' reservations (1 GiB) and for 5,000 nodes (3 connections and 9 consumers each)."""
+streams' reservations (1 GiB) and for 5,000 nodes (3 connections and 9 consumers each).
+`max_subscriptions` and `max_payload` bound every connection of the account, callout users
+included; nats-server 2.15 ignores the per-user `subs`, `data` and `payload` of a callout's
+user JWT, so these are the bounds that hold."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,6 +86,9 @@ class AuthCallout:
     """Password of `sys_user` in SYS (connz and kick, to end a revoked node's connections);
     empty: no SYS user, as before."""
     sys_user: str = "dra-nats-auth-sys"
+    account_limits: tuple[str, ...] = APP_ACCOUNT_LIMITS
+    """The app account's limits; a cluster whose streams have 3 replicas reserves 3 times
+    their max_bytes against `max_file`."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -159,7 +171,7 @@ def _callout_lines(callout: AuthCallout) -> list[str]:
     return [
         "accounts {",
         f"  {callout.app_account}: {{",
-        *[f"    {line}" for line in APP_ACCOUNT_LIMITS],
+        *[f"    {line}" for line in callout.account_limits],
         "  }",
         "  AUTH: { users: [",
         f"    {{user: {_quote(callout.auth_user)}, password: {_quote(callout.auth_password)}}}",

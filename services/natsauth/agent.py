@@ -7,9 +7,10 @@ stream-provisioner (makes every stream of the app account through its own callou
 connection that kicks a revoked node's clients) and, with a certify key, writer-certifier (the
 `certifier` connection that certifies the agents' writer keys). The replicas subscribe in
 one queue group, so each request goes to one of them: every connect is reviewed once, and a
-second replica adds capacity. Requests are answered concurrently (at most `MAX_IN_FLIGHT`):
-after a NATS restart every agent reconnects at once, and one slow TokenReview must not hold
-the others past nats-server's callout timeout. No decision logic lives here.
+second replica adds capacity. Each request is screened as it arrives (junk is settled there,
+mostly unanswered); the others are answered concurrently (at most `MAX_IN_FLIGHT`): after a
+NATS restart every agent reconnects at once, and one slow TokenReview must not hold the others
+past nats-server's callout timeout. No decision logic lives here.
 """
 
 from __future__ import annotations
@@ -108,6 +109,10 @@ class AuthService:
             cache=cache,
             revoked=self.revoker.revoked,
             limiter=SourceLimiter(rate_per_s=config.reviews_per_source, burst=config.review_burst),
+            answered_refusals=SourceLimiter(
+                rate_per_s=config.refusals_answered_per_s,
+                burst=max(1.0, config.refusals_answered_per_s),
+            ),
             max_session_s=config.max_session_s,
             drivers=config.driver_name,
             names=self.bus.names,
@@ -165,9 +170,22 @@ class AuthService:
         await certifier.run()
 
     async def handle(self, msg: Msg) -> None:
-        """nats-py calls this once per request, in order: hand it to a task and return."""
+        """nats-py calls this once per request, in order. Junk is settled here, in memory and
+        at once (`Authorizer.screen`), so it never waits for a slot ahead of a real token; the
+        rest goes to a task of its own."""
+        server_xkey = (msg.headers or {}).get(_SERVER_XKEY_HEADER, "")
+        try:
+            request = self._open(msg.data, server_xkey)
+        except keys.SealError as exc:
+            instruments.DECISIONS.add(1, {"outcome": "refused", "reason": "bad_request"})
+            log.warning("nats_auth_request_unreadable", error=str(exc), security=True)
+            return  # nothing we could answer that the server would trust
+        screened = self.authorizer.screen(request)
+        if screened is not None:
+            await self._send(msg, screened, server_xkey)
+            return
         await self._slots.acquire()
-        task = asyncio.create_task(self.answer(msg), name="callout-request")
+        task = asyncio.create_task(self.answer(msg, request, server_xkey), name="callout-request")
         self._in_flight.add(task)
         task.add_done_callback(self._finished)
 
@@ -182,15 +200,10 @@ class AuthService:
             task.cancel()
         await asyncio.gather(*self._in_flight, return_exceptions=True)
 
-    async def answer(self, msg: Msg) -> None:
-        server_xkey = (msg.headers or {}).get(_SERVER_XKEY_HEADER, "")
-        try:
-            request = self._open(msg.data, server_xkey)
-        except keys.SealError as exc:
-            instruments.DECISIONS.add(1, {"outcome": "refused", "reason": "bad_request"})
-            log.warning("nats_auth_request_unreadable", error=str(exc), security=True)
-            return  # nothing we could answer that the server would trust
-        decision = await self.authorizer.authorize(request)
+    async def answer(self, msg: Msg, request: str, server_xkey: str) -> None:
+        await self._send(msg, await self.authorizer.authorize(request), server_xkey)
+
+    async def _send(self, msg: Msg, decision: Decision, server_xkey: str) -> None:
         outcome = "allowed" if decision.allowed else "refused"
         instruments.DECISIONS.add(1, {"outcome": outcome, "reason": decision.reason,
                                       "role": decision.role})  # fmt: skip

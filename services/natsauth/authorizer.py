@@ -9,6 +9,11 @@ name ours; map the identity, derive its permissions, and admit it until the earl
 token's expiry and the session cap, so every session ends and is reviewed again at the next
 connect. Every refusal carries a reason label for metrics and a detail for the log; neither
 holds the token.
+
+`screen` is the part of that which needs no I/O and no signature of ours, run on every
+request in arrival order before any is handed on: junk ends there, and beyond a small budget
+of answers per second it is not even answered (nats-server refuses it when its auth timeout
+passes), so a flood neither queues ahead of real tokens nor gets its next attempt sooner.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ __all__ = ["DEFAULT_MAX_SESSION_S", "Authorizer", "Decision"]
 log = structlog.get_logger(__name__)
 DEFAULT_MAX_SESSION_S = 3600
 _REFUSAL_LOGS_PER_S = 5.0
+_ANSWERED = "answered"
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +51,8 @@ class Decision:
     role: str = ""
     node: str = ""
     response: str = ""
-    """The signed authorization response JWT; empty when there is nobody to answer."""
+    """The signed authorization response JWT; empty when nobody is answered (nats-server
+    then refuses the client when its auth timeout passes)."""
 
 
 class Authorizer:
@@ -67,10 +74,12 @@ class Authorizer:
         limiter: SourceLimiter | None = None,
         max_session_s: int = DEFAULT_MAX_SESSION_S,
         revoked: Callable[[str], bool] = lambda node: False,
+        answered_refusals: SourceLimiter | None = None,
     ) -> None:
         """`provisioner` tells this process's own provisioning token (`provisioner`),
         `certifier` its certifying connection's (`certifier`); `revoked` tells a node whose bus
-        identity an operator has cut."""
+        identity an operator has cut; `answered_refusals` bounds how many refusals found by
+        `screen` are answered (None: all)."""
         self._reviewer = reviewer
         self._policy = policy
         self._drivers = tuple(drivers)
@@ -87,6 +96,28 @@ class Authorizer:
         self._max_session_s = max_session_s
         self._revoked = revoked
         self._log_budget = SourceLimiter(rate_per_s=_REFUSAL_LOGS_PER_S, burst=20)
+        self._answers = answered_refusals or SourceLimiter(rate_per_s=0, burst=0)
+
+    def screen(self, request_jwt: str) -> Decision | None:
+        """What the request and its token show by themselves, from what is in memory: a
+        Decision for a token that cannot pass (unanswered beyond the answer budget), None
+        when the request needs `authorize` (which does it all again, verified)."""
+        try:
+            request = callout.peek_request(request_jwt)
+        except callout.CalloutError:
+            return None  # only nats-server sends here; `authorize` logs what is wrong
+        now = self._clock()
+        token = request.token
+        if not token:
+            refusal: TokenClaims | Refusal | None = Refusal("no_token", "the client sent no token")
+        elif self._provisioner(token) or self._certifier(token):
+            return None
+        else:
+            refusal = self._local.screen(token, now=now)
+        if not isinstance(refusal, Refusal) or self._answers.allow(_ANSWERED, now=now):
+            return None
+        self._log_refusal(request, refusal, now=now, answered=False)
+        return Decision(allowed=False, reason=refusal.reason)
 
     async def authorize(self, request_jwt: str) -> Decision:
         try:
@@ -164,14 +195,20 @@ class Authorizer:
             self._cache.put(token, status, node=claims.node, expires_at=claims.expires_at, now=now)
         return status
 
-    def _refuse(self, request: callout.AuthRequest, refusal: Refusal, *, now: float) -> Decision:
+    def _log_refusal(
+        self, request: callout.AuthRequest, refusal: Refusal, *, now: float, answered: bool
+    ) -> None:
         # Every refusal is counted (`dra_nats_auth_decisions_total`); the log gets a few per
         # second and reason, so a junk flood does not turn into a flood of log lines.
         if self._log_budget.allow(refusal.reason, now=now):
             log.warning(
                 "nats_client_refused", reason=refusal.reason, detail=refusal.detail,
-                client=request.client_name, host=request.client_host, security=True,
+                client=request.client_name, host=request.client_host, answered=answered,
+                security=True,
             )  # fmt: skip
+
+    def _refuse(self, request: callout.AuthRequest, refusal: Refusal, *, now: float) -> Decision:
+        self._log_refusal(request, refusal, now=now, answered=True)
         response = callout.error_response(
             request, f"not authorized: {refusal.reason}", issuer=self._issuer, now=now
         )

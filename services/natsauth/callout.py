@@ -17,7 +17,14 @@ from services.natsauth import nkeyjwt
 from services.natsauth.keys import SigningKey
 from services.natsauth.permissions import Permissions
 
-__all__ = ["AuthRequest", "CalloutError", "error_response", "parse_request", "user_response"]
+__all__ = [
+    "AuthRequest",
+    "CalloutError",
+    "error_response",
+    "parse_request",
+    "peek_request",
+    "user_response",
+]
 
 _REQUEST_AUDIENCE = "nats-authorization-request"
 
@@ -53,6 +60,20 @@ def parse_request(token: str) -> AuthRequest:
         claims = nkeyjwt.verify(token, issuer=issuer, prefix=nkeys.PREFIX_BYTE_SERVER)
     except nkeyjwt.JWTError as exc:
         raise CalloutError(f"authorization request: {exc}") from None
+    return _read(claims, issuer=issuer)
+
+
+def peek_request(token: str) -> AuthRequest:
+    """Read the request without checking its signature: only to sort requests by what their
+    tokens are worth, never to admit anyone (`parse_request` comes first for that)."""
+    try:
+        claims = nkeyjwt.unverified_claims(token)
+    except nkeyjwt.JWTError as exc:
+        raise CalloutError(f"authorization request: {exc}") from None
+    return _read(claims, issuer=_text(claims.get("iss"), "iss"))
+
+
+def _read(claims: dict[str, Any], *, issuer: str) -> AuthRequest:
     nats = claims.get("nats")
     if claims.get("aud") != _REQUEST_AUDIENCE or not isinstance(nats, dict):
         raise CalloutError("authorization request: not an authorization_request JWT")

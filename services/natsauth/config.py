@@ -101,6 +101,15 @@ class AuthServiceConfig:
     )
     """A node's three agents reconnecting together, many times over."""
 
+    refusals_answered_per_s: float = setting(
+        20.0,
+        flag="--refusals-answered-per-s",
+        help="Refusals of junk tokens answered per second; nats-server refuses the rest when "
+        "its auth timeout passes (0: answer every one).",
+    )
+    """Under a junk flood, an answer costs signing and gives the attacker its next try sooner;
+    a client refused unanswered waits the server's auth timeout (2 s), nothing else."""
+
     sys_user: str = setting(
         "dra-nats-auth-sys", flag="--sys-user", help="NATS user of the SYS account (connz, kick)."
     )
@@ -157,6 +166,9 @@ class AuthServiceConfig:
         if self.reviews_per_source < 0 or self.review_burst < 1:
             raise ConfigError("--reviews-per-source >= 0 and --review-burst >= 1",
                               field="reviews_per_source")  # fmt: skip
+        if self.refusals_answered_per_s < 0:
+            raise ConfigError("--refusals-answered-per-s must not be negative",
+                              field="refusals_answered_per_s")  # fmt: skip
         if not _DNS_SUBDOMAIN.match(self.revocations_configmap):
             raise ConfigError("--revocations-configmap is not a ConfigMap name",
                               field="revocations_configmap")  # fmt: skip

@@ -11,7 +11,8 @@ from __future__ import annotations
 import base64
 import binascii
 import os
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Any
 
 import nacl.exceptions
@@ -36,6 +37,7 @@ CURVE = 23 << 3  # base32 'X'
 _SEED = nkeys.PREFIX_BYTE_SEED
 _XKEY_VERSION = b"xkv1"
 _NONCE_LEN = 24
+_BOXES_KEPT = 64
 
 
 class NKeyError(ValueError):
@@ -127,10 +129,16 @@ def new_xkey_seed() -> str:
 
 @dataclass(frozen=True, slots=True)
 class XKey:
-    """A curve25519 key pair (`SX...` seed, `X...` public) that opens and seals callout bodies."""
+    """A curve25519 key pair (`SX...` seed, `X...` public) that opens and seals callout bodies.
+
+    The box shared with each peer (a server's xkey, the same for its whole life) is computed
+    once and kept: the key agreement costs ten times the decryption of a request."""
 
     public: str
     _private: nacl.public.PrivateKey
+    _boxes: OrderedDict[str, nacl.public.Box] = field(
+        default_factory=OrderedDict, repr=False, compare=False
+    )
 
     @classmethod
     def from_seed(cls, seed: str) -> XKey:
@@ -142,10 +150,19 @@ class XKey:
 
 
 def _box(key: XKey, peer: str) -> nacl.public.Box:
+    boxes = key._boxes
+    box = boxes.get(peer)
+    if box is not None:
+        boxes.move_to_end(peer)
+        return box
     try:
-        return nacl.public.Box(key._private, nacl.public.PublicKey(_decode_public(peer, CURVE)))
+        box = nacl.public.Box(key._private, nacl.public.PublicKey(_decode_public(peer, CURVE)))
     except NKeyError as exc:
         raise SealError(f"peer xkey: {exc}") from None
+    boxes[peer] = box
+    while len(boxes) > _BOXES_KEPT:
+        boxes.popitem(last=False)
+    return box
 
 
 def seal(data: bytes, *, key: XKey, recipient: str) -> bytes:

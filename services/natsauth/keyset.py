@@ -104,6 +104,18 @@ class IssuerKeys:
                     log.warning("jwks_refresh_failed", error=str(exc))
         return snapshot.keys.get(kid)
 
+    def at_hand(self, kid: str) -> tuple[str, jwt.PyJWK | None] | None:
+        """The issuer and the key `kid` from the keys held, never fetching: the key is None
+        when the issuer does not publish it (and a refresh is not due yet); None when only a
+        fetch can tell (no keys yet, or an unknown ID while a refresh is allowed)."""
+        snapshot = self._snapshot
+        if snapshot is None:
+            return None
+        key = snapshot.keys.get(kid)
+        if key is None and self._may_fetch():
+            return None
+        return snapshot.issuer, key
+
     def _may_fetch(self) -> bool:
         return self._clock() - self._attempted_at >= self._min_refresh_s
 

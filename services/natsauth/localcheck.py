@@ -39,6 +39,17 @@ def _name(kube: Mapping[str, Any], key: str) -> str:
     return str(value.get("name") or "") if isinstance(value, dict) else ""
 
 
+def _key_id(token: str) -> str | Refusal:
+    try:
+        header = jwt.get_unverified_header(token)
+    except jwt.PyJWTError:
+        return Refusal("token_malformed", "not a JWT")
+    kid = header.get("kid")
+    if not isinstance(kid, str) or not kid:
+        return Refusal("token_signature", "the token names no key ID")
+    return kid
+
+
 class LocalCheck:
     def __init__(self, keys: IssuerKeys, *, audience: str, policy: Policy) -> None:
         self._keys = keys
@@ -46,18 +57,30 @@ class LocalCheck:
         self._policy = policy
 
     async def check(self, token: str, *, now: float) -> TokenClaims | Refusal:
-        try:
-            header = jwt.get_unverified_header(token)
-        except jwt.PyJWTError:
-            return Refusal("token_malformed", "not a JWT")
-        kid = header.get("kid")
-        if not isinstance(kid, str) or not kid:
-            return Refusal("token_signature", "the token names no key ID")
+        kid = _key_id(token)
+        if isinstance(kid, Refusal):
+            return kid
         try:
             issuer = await self._keys.issuer()
             key = await self._keys.key(kid)
         except DraSuiteError as exc:
             return Refusal("keys_unavailable", f"the issuer's keys: {exc}")
+        return self._verify(token, issuer, key, now=now)
+
+    def screen(self, token: str, *, now: float) -> TokenClaims | Refusal | None:
+        """`check` with the keys at hand, never waiting: None when only fetching the issuer's
+        keys could tell (none fetched yet, or a key ID not seen since the last fetch)."""
+        kid = _key_id(token)
+        if isinstance(kid, Refusal):
+            return kid
+        held = self._keys.at_hand(kid)
+        if held is None:
+            return None
+        return self._verify(token, *held, now=now)
+
+    def _verify(
+        self, token: str, issuer: str, key: jwt.PyJWK | None, *, now: float
+    ) -> TokenClaims | Refusal:
         if key is None:
             return Refusal("token_signature", "signed by a key the issuer does not publish")
         try:

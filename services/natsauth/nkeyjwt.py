@@ -9,6 +9,8 @@ expected (never the `iss` the token names, unless the caller says that is the ru
 from __future__ import annotations
 
 import base64
+import binascii
+import functools
 import hashlib
 import json
 import time
@@ -59,6 +61,8 @@ class _NKeyAlgorithm(Algorithm):
         raise NotImplementedError("nkeys have no JWK form")
 
 
+# The few keys that sign requests (each server's own) are decoded once.
+_verify_key = functools.lru_cache(maxsize=64)(public_verify_key)
 _JWS = jwt.PyJWS(algorithms=[])
 _JWS.register_algorithm(ALGORITHM, _NKeyAlgorithm())
 
@@ -76,11 +80,14 @@ def encode(claims: dict[str, Any], *, signer: SigningKey, now: float | None = No
 
 
 def unverified_claims(token: str) -> dict[str, Any]:
-    """The claims without any check: only for reading which key to verify with."""
+    """The claims without any check: only for reading which key to verify with, or for
+    sorting requests before any is verified. A third of PyJWT's cost: it skips the header."""
+    parts = token.split(".")
+    if len(parts) != 3:
+        raise JWTError("not a JWT: not three dot-separated parts")
     try:
-        payload = _JWS.decode_complete(token, options={"verify_signature": False})["payload"]
-        claims = json.loads(payload)
-    except (jwt.InvalidTokenError, ValueError) as exc:
+        claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+    except (binascii.Error, ValueError) as exc:
         raise JWTError(f"not a JWT: {exc}") from None
     if not isinstance(claims, dict):
         raise JWTError("JWT claims are not an object")
@@ -90,7 +97,7 @@ def unverified_claims(token: str) -> dict[str, Any]:
 def verify(token: str, *, issuer: str, prefix: int) -> dict[str, Any]:
     """The claims of `token` once its signature checks against `issuer` (a public nkey)."""
     try:
-        key: Any = public_verify_key(issuer, prefix)
+        key: Any = _verify_key(issuer, prefix)
     except NKeyError as exc:
         raise JWTError(f"issuer key {issuer[:1]}...: {exc}") from None
     try:

@@ -1,6 +1,8 @@
 """A junk flood does not stop legitimate connects: while 1,500 clients with junk tokens
-connect (from a process of their own), every agent's connect goes through, and no junk token
-reaches the API server."""
+connect (from a process of their own), every agent's connect goes through, no junk token
+reaches the API server, and the service answers no more junk than its answer budget: the rest
+is refused by nats-server when its auth timeout passes, so the attacker gets no quicker next
+try and no junk request is signed and sealed ahead of an agent's."""
 
 from __future__ import annotations
 
@@ -21,6 +23,9 @@ pytestmark = pytest.mark.integration
 
 JUNK = 1500
 LEGIT = 20
+_ANSWERED_REFUSAL = "Auth callout service returned an error"
+"""What nats-server logs for each refusal the service answered (one it did not answer times
+out instead)."""
 
 
 class CountingReviewer:
@@ -63,3 +68,6 @@ async def test_agents_connect_while_junk_floods_the_callout(
     assert result.seconds > sum(took) / 2, "the flood was over before the agents connected"
     assert (result.admitted, result.refused) == (0, JUNK)
     assert set(reviewer.tokens) <= set(tokens)  # junk never reached the API server
+    budget = stack.config.refusals_answered_per_s
+    answered = stack.server.log_text().count(_ANSWERED_REFUSAL)
+    assert answered <= budget * (result.seconds + 2), (answered, result.seconds)

@@ -68,6 +68,15 @@ def test_a_bad_request_is_refused(token: str):
         callout.parse_request(token)
 
 
+def test_peeking_reads_what_parsing_reads_but_checks_no_signature():
+    signed = nkeyjwt.encode(request_claims(), signer=SERVER)
+    assert callout.peek_request(signed) == callout.parse_request(signed)
+    # Fit to sort requests by, never to admit: a tampered one still reads.
+    assert callout.peek_request(_tampered()).token == "x"
+    with pytest.raises(callout.CalloutError):
+        callout.peek_request("garbage")
+
+
 def test_the_user_response_admits_the_client_into_the_account_until_expiry():
     request = callout.parse_request(nkeyjwt.encode(request_claims(), signer=SERVER))
     grants = Permissions(publish=("a",), subscribe=("_INBOX.x.>",), allow_responses=True)

@@ -34,6 +34,7 @@ BAD = {
     "an account seed as xkey": (["--xkey-seed-file", "ACCOUNT"], "not a curve seed"),
     "a wildcard driver": (["--driver-name", "sim.*"], "not a DNS name"),
     "a bad account": (["--target-account", "D.R.A"], "not an account name"),
+    "a negative answer budget": (["--refusals-answered-per-s", "-1"], "must not be negative"),
 }
 
 

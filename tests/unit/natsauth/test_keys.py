@@ -41,6 +41,17 @@ def test_sealed_data_opens_only_for_its_recipient_from_its_sender():
         keys.open_sealed(b"xkv2" + sealed[4:], key=service, sender=server.public)
 
 
+def test_the_service_opens_requests_of_more_servers_than_it_keeps_boxes_for():
+    service = keys.XKey.from_seed(keys.new_xkey_seed())
+    servers = [keys.XKey.from_seed(keys.new_xkey_seed()) for _ in range(70)]
+    for _ in range(2):  # the second round finds the first servers' boxes gone
+        for server in servers:
+            sealed = keys.seal(b"request", key=server, recipient=service.public)
+            assert keys.open_sealed(sealed, key=service, sender=server.public) == b"request"
+            answer = keys.seal(b"answer", key=service, recipient=server.public)
+            assert keys.open_sealed(answer, key=server, sender=service.public) == b"answer"
+
+
 def test_reprs_hold_no_seed():
     seed = keys.new_xkey_seed()
     assert seed not in repr(keys.XKey.from_seed(seed))
