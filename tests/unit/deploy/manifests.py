@@ -164,6 +164,9 @@ BUS_AUDIENCE = "nats.dra-suite.io"
 TOKEN_FILE = "/var/run/secrets/dra-suite/nats/token"
 CA_FILE = "/etc/dra-suite/nats-tls/ca.crt"
 TLS_SECRET = "dra-suite-nats-tls"
+CA_CONFIGMAP = "dra-suite-nats-ca"
+"""The CA certificate alone (`ca.crt` of the TLS Secret), which every client of the bus mounts:
+a Secret volume would let the node read the server's key."""
 CALLOUT_SECRET = "dra-suite-nats-callout"
 CALLOUT_KEYS = {
     "issuer.seed",

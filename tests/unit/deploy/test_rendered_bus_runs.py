@@ -36,6 +36,7 @@ from shared.supervisor import run_agent
 from tests.integration.security.callout_stack import connected
 from tests.unit.deploy.manifests import (
     AUTH_KEY_CONFIGMAP,
+    CA_CONFIGMAP,
     CONFIG_BUILDERS,
     KUBECTL,
     OBJECTS,
@@ -193,8 +194,9 @@ async def test_the_rendered_bus_admits_its_agents_and_operator_and_nobody_else(
             "tls.key": server_cert.private_key_pem.bytes().decode(),
             "ca.crt": ca.cert_pem.bytes().decode(),
         },
-        # Not a Secret: the ConfigMap docs/install.md has an admin make from the callout Secret.
+        # Not Secrets: the ConfigMaps docs/install.md has an admin make from the two Secrets.
         AUTH_KEY_CONFIGMAP: {"certify.pub": callout["stringData"]["certify.pub"]},
+        CA_CONFIGMAP: {"ca.crt": ca.cert_pem.bytes().decode()},
     }
     # nats-server: the rendered config and env, file paths local.
     nats_set = _one(objects, "StatefulSet", "nats")

@@ -29,6 +29,7 @@ from tests.unit.deploy.manifests import (
     AUTH_KEY_FILE,
     AUTH_SERVICE_ENV,
     BUS_AUDIENCE,
+    CA_CONFIGMAP,
     CA_FILE,
     CALLOUT_KEYS,
     CALLOUT_SECRET,
@@ -182,8 +183,10 @@ def test_every_agent_connects_over_tls_with_its_projected_token(target, componen
             "serviceAccountToken": {"audience": audience, "expirationSeconds": 3600, "path": path}
         }, name
         volume, path = _volume_of(ds, CA_FILE)
-        assert volume["secret"]["secretName"] == TLS_SECRET, name
-        assert volume["secret"]["items"] == [{"key": "ca.crt", "path": path}], "never the key"
+        assert volume["configMap"] == {
+            "name": CA_CONFIGMAP,
+            "items": [{"key": "ca.crt", "path": path}],
+        }, f"{name}: never from the TLS Secret, whose key the node could then read"
 
 
 SIGNATURE_TARGETS = [
@@ -196,7 +199,7 @@ ACCEPT = "components/bus-signatures-accept"
 
 def _assert_checks_signed_records(ds: Obj, mode: str) -> None:
     """The agent runs signed records in `mode`, with the auth service's public key from the
-    ConfigMap, and its pod references no Secret but the TLS one (for the CA)."""
+    ConfigMap, and its pod references no Secret at all (the CA comes from a ConfigMap too)."""
     name = ds["metadata"]["name"]
     assert _value(ds, "BUS_SIGNATURES") == mode, name
     assert _value(ds, "BUS_AUTH_KEY_FILE") == AUTH_KEY_FILE, name
@@ -207,7 +210,7 @@ def _assert_checks_signed_records(ds: Obj, mode: str) -> None:
     }, name
     volumes = ds["spec"]["template"]["spec"]["volumes"]
     secrets = {v["secret"]["secretName"] for v in volumes if "secret" in v}
-    assert secrets == {TLS_SECRET}, f"{name}: a node reads every Secret its pods mount"
+    assert secrets == set(), f"{name}: a node reads every Secret its pods mount"
 
 
 @needs_kubectl
@@ -306,7 +309,8 @@ def test_the_auth_service_runs_twice_unprivileged_with_its_secrets_as_files(targ
     ]
     assert {i["key"] for i in callout["secret"]["items"]} < CALLOUT_KEYS
     volume, _ = _volume_of(deployment, _value(deployment, "NATS_TLS_CA_FILE"))
-    assert [i["key"] for i in volume["secret"]["items"]] == ["ca.crt"]
+    assert volume["configMap"]["name"] == CA_CONFIGMAP
+    assert [i["key"] for i in volume["configMap"]["items"]] == ["ca.crt"]
     # Unprivileged, as tight as it gets.
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"]
