@@ -70,10 +70,11 @@ up: venv
 bench: venv
 	$(BIN)/python -m bench.run --out bench/results.json
 
-## The fleet simulation: NODES simulated nodes (default 5000) x 8 NPUs running the real discovery
-## and health agents against a 3-server NATS cluster and the API emulator; scale_* figures.
+## The fleet simulation: NODES simulated nodes (default 5000) x 8 NPUs running the real discovery,
+## health and allocation agents against a 3-server NATS cluster and an API server; scale_* figures.
+## APISERVER=real|emulator (default: real where `make k8s` built it), BUS=secure|open (secure).
 scale: venv
-	$(BIN)/python -m bench.scale --out bench/results.json $(if $(NODES),--nodes $(NODES)) $(if $(STEADY_S),--steady-s $(STEADY_S))
+	$(BIN)/python -m bench.scale --out bench/results.json $(if $(NODES),--nodes $(NODES)) $(if $(STEADY_S),--steady-s $(STEADY_S)) $(if $(APISERVER),--apiserver $(APISERVER)) $(if $(BUS),--bus $(BUS))
 
 ## The real control plane (kube-apiserver, kube-scheduler, kube-controller-manager, etcd) built
 ## from the Go module proxy into ~/.cache/dra-suite/k8s, once per machine: `make k8s K8S=1.34`,

@@ -1,14 +1,14 @@
-"""The simulated fleet of `make scale`: N nodes, each running the real discovery and health
-agents (their `open` and `spawn`, every task they run on a node: scan, inventory publish, slice
-reconcile, health evaluate/taint/alert, KV watchers) on the sim backend and monitor, and the
-allocation agent's two KV watchers, against one NATS cluster and the API emulator, on the open
-bus.
+"""The simulated fleet of `make scale`: N nodes, each running the real agents (their `open` and
+`spawn`, every task they run on a node) on the sim backend and monitor: discovery (scan,
+inventory publish, slice reconcile), health (evaluate, taints, alerts) and allocation (its DRA
+and registration gRPC servers on per-node sockets, its node-view watchers, its prepared-claims
+records), against one NATS cluster (`bench.scale_bus`: open or secure) and one API server
+(`bench.scale_apiserver`: real or the emulator).
 
 Many nodes share a worker process (`python -m bench.scale_fleet --first F --count C ...`, at
-most `NODES_PER_WORKER` each: a node holds 5 sockets, and a process may open 20,000 files on
-this machine). The processes around them (a 3-server NATS cluster, the API emulator) are
-started here too, and the CPU each of them uses is read from /proc, so that the bottleneck can
-be named.
+most `NODES_PER_WORKER` each: a node holds about 8 sockets, and a process may open 20,000
+files on this machine). The processes around them are started here too, and the CPU each of
+them uses is read from /proc, so that the bottleneck can be named.
 """
 
 from __future__ import annotations
@@ -20,32 +20,39 @@ import json
 import math
 import os
 import signal
-import ssl
 import sys
 import urllib.request
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import trustme
-
+from bench.scale_apiserver import FleetAPI
+from bench.scale_bus import BusProfile, SecureBus
 from devcluster.natscluster import NATSCluster
 from devcluster.processes import ChildProcess
-from services.allocation.node_view import watchers
-from services.allocation.node_view.health_board import HealthBoard
-from services.allocation.node_view.inventory_cache import InventoryCache
+from services.allocation.config import AllocationConfig
+from services.allocation.dra.agent import AllocationAgent
 from services.discovery.agent import DiscoveryAgent
 from services.discovery.config import DiscoveryConfig
 from services.health.agent import HealthAgent
 from services.health.config import HealthConfig
 from shared import logging
-from shared.bus.connection import Bus
 from shared.config import KubeSettings, LogSettings, NATSSettings, OpsSettings
 from shared.kube import resources
 from shared.kube.client import KubeClient
-from shared.supervisor import eternal
 
-__all__ = ["DRIVER", "NODES_PER_WORKER", "PROFILE", "Fleet", "NodeAgents", "cpu_s", "rss_mb"]
+__all__ = [
+    "DRIVER",
+    "NODES_PER_WORKER",
+    "PROFILE",
+    "Fleet",
+    "NodeAgents",
+    "cpu_s",
+    "node_dir",
+    "node_name",
+    "rss_mb",
+]
 
 DRIVER = "sim.dra-suite.io"
 PROFILE = Path(__file__).parents[1] / "shared" / "sim" / "profiles" / "ascend-910b.yaml"
@@ -53,7 +60,7 @@ PROFILE = Path(__file__).parents[1] / "shared" / "sim" / "profiles" / "ascend-91
 _START_CONCURRENCY = 200
 """Nodes opening their agents at a time, over all workers: more only queue for the CPU until
 their API and NATS requests time out, and retry."""
-NODES_PER_WORKER = 1250
+NODES_PER_WORKER = 1000
 _WORKER_READY = "worker_started"
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -75,77 +82,57 @@ def node_name(index: int) -> str:
     return f"sim-node-{index:05d}"
 
 
+def node_dir(workdir: Path, node: str) -> Path:
+    """A node's own directory: the allocation agent's sockets, checkpoint, CDI specs."""
+    return workdir / "nodes" / node
+
+
 @dataclass
 class Fleet:
     workdir: Path
     nodes: int
+    api: FleetAPI
+    secure: bool
     nats: NATSCluster = field(init=False)
-    apiserver: ChildProcess | None = None
+    bus: SecureBus | None = None
     workers: list[ChildProcess] = field(default_factory=list)
     worker_base_rss_mb: float = 0.0
     """What the workers held before their first node (the interpreter and libraries)."""
-    api_url: str = ""
-    api_ca: Path = field(init=False)
+    worker_base_cpu_s: float = 0.0
+    """What the workers spent before their first node (starting, importing)."""
 
     def __post_init__(self) -> None:
-        self.nats = NATSCluster(self.workdir / "nats", size=3)
+        if self.secure:
+            self.bus = SecureBus(self.workdir, self.api)
+        auth = self.bus.server_auth() if self.bus is not None else None
+        self.nats = NATSCluster(self.workdir / "nats", size=3, auth=auth)
 
     @property
-    def kubeconfig(self) -> Path:
-        return self.workdir / "kubeconfig.yaml"
+    def profile(self) -> BusProfile:
+        if self.bus is not None:
+            return self.bus.profile(self.nats.url)
+        return BusProfile(url=self.nats.url)
 
     @property
     def nats_settings(self) -> NATSSettings:
+        """The harness's own connection: an operator on the secure bus."""
+        if self.bus is not None:
+            return self.bus.operator_settings(self.nats.url)
         return NATSSettings(url=self.nats.url, replicas=3, request_timeout_s=10.0)
 
     @property
     def kube_settings(self) -> KubeSettings:
-        return KubeSettings(kubeconfig=str(self.kubeconfig), request_timeout_s=30.0)
+        return self.api.kube_settings()
 
     async def start_services(self) -> None:
-        (self.workdir / "inventory").mkdir(parents=True, exist_ok=True)
+        """The API server and the NATS cluster; the Node objects; on the secure bus every
+        node's identities and then the auth service (which provisions the streams)."""
+        await self.api.start()
         await asyncio.to_thread(self.nats.start)
-        tls = self._api_certificate()
-        self.apiserver = ChildProcess(
-            name="apiserver",
-            argv=[
-                sys.executable,
-                "-m",
-                "devcluster.apiserver",
-                *("--port", "0", "--kubeconfig", str(self.kubeconfig)),
-                *("--kubernetes-version", "1.36"),
-                *("--feature-gates", "DRADeviceTaints=true,DRADeviceTaintRules=true"),
-                *tls,
-            ],
-            log_path=self.workdir / "apiserver.log",
-        )
-        await self.apiserver.start()
-        line = await self.apiserver.read_line_until("apiserver_ready", timeout_s=30)
-        self.api_url = line.split("url=", 1)[-1].strip()
-
-    def _api_certificate(self) -> list[str]:
-        """The emulator serves HTTPS and the kubeconfig names its CA, as in a cluster.
-
-        Over plain HTTP the Kubernetes client would load the system's whole CA bundle for each
-        client it makes (28 ms, twice per simulated node), a cost no real node has: an agent
-        makes one client and loads the cluster's one CA.
-        """
-        ca = trustme.CA()
-        self.api_ca = self.workdir / "apiserver-ca.pem"
-        certificate = ca.issue_cert("127.0.0.1", "localhost")
-        paths = {name: self.workdir / f"apiserver-{name}.pem" for name in ("ca", "cert", "key")}
-        ca.cert_pem.write_to_path(str(paths["ca"]))
-        certificate.private_key_pem.write_to_path(str(paths["key"]))
-        certificate.cert_chain_pems[0].write_to_path(str(paths["cert"]))
-        return [
-            *("--tls-cert-file", str(paths["cert"])),
-            *("--tls-key-file", str(paths["key"])),
-            *("--tls-ca-file", str(paths["ca"])),
-        ]
-
-    def api_tls(self) -> ssl.SSLContext:
-        """What a client of the emulator trusts: its CA."""
-        return ssl.create_default_context(cafile=str(self.api_ca))
+        await self.register_nodes()
+        if self.bus is not None:
+            await self.bus.create_identities([node_name(i) for i in range(self.nodes)])
+            await self.bus.start_auth_service(self.nats.url)
 
     async def register_nodes(self) -> None:
         """What each kubelet would have done: the Node objects exist before the agents."""
@@ -180,7 +167,8 @@ class Fleet:
                     "-m",
                     "bench.scale_fleet",
                     *("--first", str(first), "--count", str(count)),
-                    *("--nats-url", self.nats.url, "--kubeconfig", str(self.kubeconfig)),
+                    *self.profile.as_flags(),
+                    *("--kubeconfig", str(self.api.kubeconfig)),
                     *("--workdir", str(self.workdir)),
                     *("--start-concurrency", str(max(1, _START_CONCURRENCY // workers))),
                 ],
@@ -189,11 +177,22 @@ class Fleet:
             await worker.start()
             self.workers.append(worker)
         for worker in self.workers:
-            line = await worker.read_line_until(_WORKER_READY, timeout_s=600)
-            self.worker_base_rss_mb += float(line.split("base_rss_mb=", 1)[1])
+            line = await worker.read_line_until(_WORKER_READY, timeout_s=1800)
+            found = dict(part.split("=", 1) for part in line.split()[1:])
+            self.worker_base_rss_mb += float(found["base_rss_mb"])
+            self.worker_base_cpu_s += float(found["base_cpu_s"])
 
     def worker_pids(self) -> list[int]:
         return [w.pid for w in self.workers if w.pid is not None]
+
+    def service_pids(self) -> dict[str, list[int]]:
+        """The shared processes by figure name: `apiserver`, `etcd` (or `emulator`), `nats`,
+        `auth` (secure bus)."""
+        found = {name: [pid] for name, pid in self.api.processes().items()}
+        found["nats"] = [s.pid for s in self.nats.servers if s.pid is not None]
+        if self.bus is not None:
+            found |= {name: [pid] for name, pid in self.bus.auth_pids().items()}
+        return found
 
     def varz(self) -> list[dict[str, Any]]:
         """Each server's /varz (messages, bytes, memory)."""
@@ -203,41 +202,77 @@ class Fleet:
                 found.append(json.load(answer))
         return found
 
-    def nats_pids(self) -> list[int]:
-        return [s.pid for s in self.nats.servers if s.pid is not None]
+    def client_msgs(self) -> Counter[str]:
+        """Messages the agents' connections published so far, summed over the servers, by
+        agent (connection names `dra-<agent>/<node>` or `dra-<agent>-<node>`)."""
+        total: Counter[str] = Counter()
+        for port in self.nats.monitor_ports:
+            url = f"http://127.0.0.1:{port}/connz?limit=100000"
+            with urllib.request.urlopen(url, timeout=10) as answer:
+                connections = json.load(answer)["connections"] or []
+            for connection in connections:
+                name = connection.get("name", "")
+                if name.startswith("dra-") and not name.startswith("dra-nats-auth"):
+                    agent = name.removeprefix("dra-").split("/")[0].split("-")[0]
+                    total[agent] += connection["in_msgs"]
+        return total
 
     async def stop_services(self) -> None:
         for worker in self.workers:
             await worker.stop(grace_s=30.0)
-        if self.apiserver is not None:
-            await self.apiserver.stop()
+        if self.bus is not None:
+            await self.bus.stop()
+        await self.api.stop()
         await asyncio.to_thread(self.nats.stop)
+
+
+Agent = DiscoveryAgent | HealthAgent | AllocationAgent
 
 
 @dataclass
 class NodeAgents:
     """The agents of nodes `first` .. `first + count - 1`, in this process."""
 
-    nats: NATSSettings
+    bus: BusProfile
     kube: KubeSettings
     workdir: Path
     first: int
     count: int
     start_concurrency: int = _START_CONCURRENCY
-    agents: list[DiscoveryAgent | HealthAgent] = field(default_factory=list)
+    agents: list[Agent] = field(default_factory=list)
 
-    def _agents_of(self, index: int) -> list[DiscoveryAgent | HealthAgent]:
+    def _agents_of(self, index: int) -> list[Agent]:
+        node = node_name(index)
         common: dict[str, Any] = {
-            "nats": self.nats,
             "kube": self.kube,
             "ops": OpsSettings(ops_port=0),
-            "node_name": node_name(index),
+            "node_name": node,
             "driver_name": DRIVER,
-            "sim_profile": str(PROFILE),
         }
+        own = node_dir(self.workdir, node)
+        allocation = AllocationConfig(
+            **common,
+            nats=self.bus.settings("allocation", node),
+            plugin_registry_dir=own / "registry",
+            plugin_data_dir=own / "plugin",
+            cdi_root=own / "cdi",
+        )
         return [
-            DiscoveryAgent(DiscoveryConfig(**common)),
-            HealthAgent(HealthConfig(**common, recovery_hold_s=1.0, flap_window_s=0.0)),
+            DiscoveryAgent(
+                DiscoveryConfig(
+                    **common, sim_profile=str(PROFILE), nats=self.bus.settings("discovery", node)
+                )
+            ),
+            HealthAgent(
+                HealthConfig(
+                    **common,
+                    sim_profile=str(PROFILE),
+                    nats=self.bus.settings("health", node),
+                    recovery_hold_s=1.0,
+                    flap_window_s=0.0,
+                )
+            ),
+            AllocationAgent(allocation),
         ]
 
     async def run_agents(self, resources: contextlib.AsyncExitStack, tg: asyncio.TaskGroup) -> None:
@@ -251,25 +286,8 @@ class NodeAgents:
                     await agent.open(resources)
                     agent.spawn(tg)
                     self.agents.append(agent)
-                self._allocation_watchers(index, resources, tg)
 
         await asyncio.gather(*(start(i) for i in range(self.first, self.first + self.count)))
-
-    def _allocation_watchers(
-        self, index: int, resources: contextlib.AsyncExitStack, tg: asyncio.TaskGroup
-    ) -> None:
-        """The allocation agent's KV watchers (inventory, health) on its own connection, as
-        the agent runs them; its kubelet front has no work at rest and is not simulated."""
-        node = node_name(index)
-        bus = Bus(self.nats, name=f"dra-allocation/{node}", component="allocation")
-        resources.push_async_callback(bus.close)
-        board = HealthBoard(pool=node)
-        cache = InventoryCache(
-            self.workdir / "inventory" / node, driver=DRIVER, node=node, backend="sim"
-        )
-        tasks = watchers.node_view_tasks(bus, cache=cache, board=board, driver=DRIVER, node=node)
-        for name, coro in tasks.items():
-            tg.create_task(eternal(name, coro), name=f"{name}/{node}")
 
 
 async def _serve_nodes(nodes: NodeAgents) -> None:
@@ -278,12 +296,14 @@ async def _serve_nodes(nodes: NodeAgents) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    base = rss_mb()
+    base_rss, base_cpu = rss_mb(), cpu_s()
     try:
         async with contextlib.AsyncExitStack() as resources, asyncio.TaskGroup() as tg:
             tg.create_task(_stop_when_orphaned(stop))
             await nodes.run_agents(resources, tg)
-            print(f"{_WORKER_READY} base_rss_mb={base:.1f}", flush=True)
+            print(
+                f"{_WORKER_READY} base_rss_mb={base_rss:.1f} base_cpu_s={base_cpu:.2f}", flush=True
+            )
             await stop.wait()
             raise _Stopped
     except* _Stopped:
@@ -306,14 +326,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="bench.scale_fleet", description="one fleet worker")
     parser.add_argument("--first", type=int, required=True)
     parser.add_argument("--count", type=int, required=True)
-    parser.add_argument("--nats-url", required=True)
+    BusProfile.add_flags(parser)
     parser.add_argument("--kubeconfig", type=Path, required=True)
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--start-concurrency", type=int, default=_START_CONCURRENCY)
     args = parser.parse_args()
     logging.configure(LogSettings(level="error", format="console"), service="scale-worker")
     nodes = NodeAgents(
-        nats=NATSSettings(url=args.nats_url, replicas=3, request_timeout_s=10.0),
+        bus=BusProfile.from_flags(args),
         kube=KubeSettings(kubeconfig=str(args.kubeconfig), request_timeout_s=30.0),
         workdir=args.workdir,
         first=args.first,

@@ -24,7 +24,13 @@ from devcluster.apiserver.registry import Registry, ResourceType
 from devcluster.apiserver.requestlog import RequestLog
 from devcluster.apiserver.store import Store, clone
 
-__all__ = ["APIServerEmulator"]
+__all__ = ["LISTEN_BACKLOG", "APIServerEmulator"]
+
+LISTEN_BACKLOG = 4096
+"""Connections the kernel queues before the server accepts them (aiohttp's default is 128). A
+fleet's agents connect thousands at a time; with 128, the queue overflows while the event loop
+is busy and the kernel drops their SYNs, which the clients see as the server no longer
+accepting. Linux caps it at `net.core.somaxconn` (4096 by default)."""
 
 
 class APIServerEmulator:
@@ -82,7 +88,7 @@ class APIServerEmulator:
             raise RuntimeError("apiserver emulator already started")
         runner = web.AppRunner(build_app(self.cluster), access_log=None, shutdown_timeout=1.0)
         await runner.setup()
-        site = web.TCPSite(runner, host, port, ssl_context=tls)
+        site = web.TCPSite(runner, host, port, ssl_context=tls, backlog=LISTEN_BACKLOG)
         try:
             await site.start()
         except BaseException:

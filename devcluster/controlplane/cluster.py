@@ -64,9 +64,14 @@ class ControlPlaneStartError(RuntimeError):
 class RealControlPlane:
     """Start with `async with RealControlPlane(binaries, workdir) as plane:`."""
 
-    def __init__(self, binaries: ControlPlaneBinaries, workdir: Path) -> None:
+    def __init__(
+        self, binaries: ControlPlaneBinaries, workdir: Path, *, controllers: bool = True
+    ) -> None:
+        """Without `controllers`, only etcd and kube-apiserver run: what serves API clients
+        (`make scale`), with no scheduler placing pods and no controller reconciling objects."""
         self.binaries = binaries
         self.workdir = workdir
+        self.controllers = controllers
         self.release = binaries.release
         self.pki: ControlPlanePKI | None = None
         self.apiserver_port = 0
@@ -120,7 +125,8 @@ class RealControlPlane:
             async with asyncio.timeout(timeout_s):
                 etcd_url = await self._start_etcd()
                 await self._start_apiserver(etcd_url)
-                await asyncio.gather(self._start_scheduler(), self._start_controller_manager())
+                if self.controllers:
+                    await asyncio.gather(self._start_scheduler(), self._start_controller_manager())
         except BaseException as exc:
             await self.stop()
             if isinstance(exc, TimeoutError):
@@ -135,6 +141,11 @@ class RealControlPlane:
         """Stop in reverse order: controllers first, etcd last."""
         while self._children:
             await self._children.pop().stop(grace_s=10.0)
+
+    def pid(self, component: str) -> int | None:
+        """The process ID of a running component ("etcd", "kube-apiserver", ...), else None."""
+        child = next((c for c in self._children if c.name == component), None)
+        return child.pid if child is not None and child.returncode is None else None
 
     def log_path(self, component: str) -> Path:
         return self.workdir / "logs" / f"{component}.log"
