@@ -20,6 +20,8 @@ import trustme
 
 from devcluster.natscluster import free_port
 from devcluster.natsserver import NATSServerProcess
+from shared.bus import streams
+from shared.bus.subjects import Names
 from tests.unit.deploy.manifests import (
     CONFIG_BUILDERS,
     KUBE_VERSIONS,
@@ -86,8 +88,21 @@ def test_three_servers_start_together_one_per_node_with_a_volume_each() -> None:
     assert _env(nats)["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
 
 
+def _account_bound_apart(config: str) -> str:
+    """The config without the app account's `max_file` line and the comment above it (the one
+    bound a cluster scales, by its replicas)."""
+    return re.sub(r"\n *# Bounds for the whole app account.*?max_file: \S+", "", config, flags=re.S)
+
+
+def _max_file_bytes(config: str) -> int:
+    found = re.search(r"max_file: (\d+)MB", config)
+    assert found is not None
+    return int(found[1]) * 1024 * 1024
+
+
 def test_the_config_is_the_base_one_with_routes_over_mutual_tls() -> None:
-    base, clustered = _config(render("overlays/sim")), _config(_clustered())
+    base = _account_bound_apart(_config(render("overlays/sim")))
+    clustered = _account_bound_apart(_config(_clustered()))
     assert clustered.startswith(base), "auth callout, accounts and client TLS stay as in the base"
     cluster = clustered.removeprefix(base)
     assert "server_name: $POD_NAME" in cluster
@@ -125,6 +140,21 @@ def test_agents_get_every_server_and_three_replicas(overlay: str) -> None:
             jsonschema.validate(obj, CERT_MANAGER_SCHEMAS[obj["kind"]])
     alone = render(f"overlays/{overlay}", (CERT_MANAGER,))
     assert set(_one(alone, "Certificate", "dra-suite-nats")["spec"]["dnsNames"]) <= set(names)
+
+
+@pytest.mark.parametrize("clustered", [False, True], ids=["base", "nats-cluster"])
+def test_the_app_account_holds_every_stream_the_provisioner_makes(clustered: bool) -> None:
+    # A cluster counts each replica of a stream's max_bytes against the account's max_file:
+    # an account bound below that refuses the first bucket.
+    objects = _clustered() if clustered else render("overlays/sim")
+    (ds, *_) = _of_kind(objects, "DaemonSet")
+    replicas = int(_env(ds)["NATS_REPLICAS"]["value"])
+    assert replicas == (3 if clustered else 1)
+    reserved = sum(
+        config["max_bytes"] * config["num_replicas"]
+        for config in streams.all_streams(Names(""), replicas=replicas)
+    )
+    assert reserved <= _max_file_bytes(_config(objects))
 
 
 def test_without_the_component_agents_keep_one_replica() -> None:
