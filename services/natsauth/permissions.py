@@ -2,8 +2,9 @@
 
 Every subject comes from `shared.bus.subjects.Names`, and is one an agent's own call sends:
 KV puts (`$KV.<bucket>.<key>`), direct gets with the key in the API subject, its own named
-consumers (`<role>-<node>-<purpose>`, the name and the filter in the API subject, and deleting
-exactly those), JetStream publishes, control requests and their replies, and the request that
+consumers (`<role>-<node>-<purpose>` and its second instance slot's name, the name and the
+filter in the API subject, and reading and deleting exactly those), JetStream publishes,
+control requests and their replies, and the request that
 has the auth service certify its writer key (`dra.auth.certify.<role>.<node>`: the subject
 alone tells the certifier who asks, so nobody else may publish it). A node's grants name its
 own driver/node tokens only. Nobody but the provisioner creates or updates a stream; nobody
@@ -21,14 +22,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.natsauth.identity import Identity
-from shared.bus.subjects import Names
+from shared.bus.subjects import INSTANCE_SLOTS, Names
 
-__all__ = ["CERTIFIER", "DENIED", "PROVISIONER", "Limits", "Permissions", "for_identity"]
+__all__ = [
+    "AUDITOR",
+    "CERTIFIER",
+    "DENIED",
+    "PROVISIONER",
+    "Limits",
+    "Permissions",
+    "for_identity",
+]
 
 PROVISIONER = "provisioner"
 """The auth service's own role in the app account: it makes every stream, before any agent."""
 CERTIFIER = "certifier"
 """The auth service's other role in the app account: it answers certify requests, nothing else."""
+AUDITOR = "auditor"
+"""The auth service's quota auditor: it watches the buckets and deletes entries over a node's
+quota (`quotaauditor`); its identity's node is the replica's own id."""
 
 _NEVER = (
     "$JS.API.STREAM.DELETE.>",
@@ -57,6 +69,7 @@ AGENT_LIMITS = Limits(subs=64, data=64 * _MIB, payload=1 * _MIB)
 OPERATOR_LIMITS = Limits(subs=256, data=256 * _MIB, payload=1 * _MIB)
 PROVISIONER_LIMITS = Limits(subs=8, data=1 * _MIB, payload=64 * 1024)
 CERTIFIER_LIMITS = Limits(subs=8, data=16 * _MIB, payload=64 * 1024)
+AUDITOR_LIMITS = Limits(subs=8, data=64 * _MIB, payload=1024)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,9 +115,11 @@ class _Grants:
         for key in keys:
             self.publish.append(self.names.js_direct_get(bucket, key))
             for purpose in purposes:
-                name = self.names.consumer(self.role, self.node, purpose)
-                self.publish.append(self.names.js_consumer_create(bucket, key, consumer=name))
-                self.publish.append(self.names.js_consumer_delete(bucket, name))
+                for slot in range(INSTANCE_SLOTS):
+                    name = self.names.consumer(self.role, self.node, purpose, slot)
+                    self.publish.append(self.names.js_consumer_create(bucket, key, consumer=name))
+                    self.publish.append(self.names.js_consumer_delete(bucket, name))
+                    self.publish.append(self.names.js_consumer_info(bucket, name))
 
     def write(self, bucket: str, keys: Iterable[str]) -> None:
         self.bucket(bucket)
@@ -127,6 +142,8 @@ def for_identity(identity: Identity, *, drivers: Iterable[str], names: Names) ->
         return _provisioner(names)
     if identity.role == CERTIFIER:
         return _certifier(names)
+    if identity.role == AUDITOR:
+        return _auditor(names, identity.node)
     node = identity.node
     grants = _Grants(names, identity.role, node)
     if identity.role in ("discovery", "allocation", "health"):
@@ -181,6 +198,27 @@ def _certifier(names: Names) -> Permissions:
         deny_publish=DENIED,
         allow_responses=True, inbox=inbox, limits=CERTIFIER_LIMITS,
     )  # fmt: skip
+
+
+def _auditor(names: Names, replica: str) -> Permissions:
+    """Watch every key of each bucket through its own consumers (`auditor-<replica>-watch`,
+    the first instance slot's: the replica id is the process's own), and delete entries of the buckets whose keys a node chooses (health, claims); nothing
+    else. The inventory's one key per node cannot go over its quota."""
+    name = names.consumer(AUDITOR, replica, "watch")
+    publish = []
+    for bucket in names.buckets:
+        publish += [
+            names.js_stream_info(names.kv_stream(bucket)),
+            names.js_consumer_create(bucket, ">", consumer=name),
+            names.js_consumer_delete(bucket, name),
+            names.js_consumer_info(bucket, name),
+        ]
+    publish += [names.kv_subject(bucket, ">") for bucket in (names.health_bucket,
+                                                             names.claims_bucket)]  # fmt: skip
+    inbox = names.inbox_prefix(AUDITOR, replica)
+    return Permissions(
+        publish=tuple(publish), subscribe=(f"{inbox}.>",), inbox=inbox, limits=AUDITOR_LIMITS
+    )
 
 
 def _operator(names: Names) -> Permissions:

@@ -13,10 +13,13 @@ replaying as after a reconnect.
 Each (re)start creates a *named* push consumer through
 `$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>`, the one consumer-create form whose name
 and filter are in the subject, so nats-server can allow a node agent to create exactly its own
-consumers on its own keys (`services.natsauth.permissions`). A node agent's consumer has one
-name, `<role>-<node>-<purpose>`: a (re)start deletes its old one first (so the new one replays
-from scratch), and nobody else may create or delete it. Other buses (operator, tests) use
-random names. It delivers to this Bus's own inbox; the server removes it once nobody listens.
+consumers on its own keys (`services.natsauth.permissions`). A node agent's consumer has
+one name per instance slot, `<role>-<node>-<purpose>` and `...-<purpose>1`: a (re)start takes
+the first slot whose consumer nobody listens to, deleting the one left there (its own, so the
+new one replays from scratch), and passes over a slot a live sibling holds (the other pod of a
+rolling update with surge), so two processes never take each other's consumer. Nobody else may
+create, read or delete them. Other buses (operator, tests) use random names. It delivers to
+this Bus's own inbox; the server removes it once nobody listens.
 
 An entry counts only when it came from this watch's consumer on this stream and its key is one
 the watch asked for: someone else's consumer can be made to deliver into our inbox. An entry
@@ -52,6 +55,7 @@ from shared import telemetry
 from shared.backoff import Backoff
 from shared.bus import origin
 from shared.bus.connection import Bus
+from shared.bus.subjects import INSTANCE_SLOTS
 from shared.cancellation import reraise_if_cancelling
 from shared.errors import BusUnavailableError, ProgrammingError
 
@@ -60,6 +64,8 @@ __all__ = ["KVChange", "checked", "consumer_name", "watch"]
 _WATCH_FAILED = (BusUnavailableError, nats.errors.Error, TimeoutError)
 _MARKER_REASON = "Nats-Marker-Reason"
 _INACTIVE_THRESHOLD_S = 60.0
+_CONSUMER_EXISTS = 10148
+"""JetStream's error code for a create whose name is taken by a consumer of another config."""
 # Missed heartbeats before a watch counts its consumer as lost (nats.go's ordered consumer
 # waits as many): one late heartbeat is not a lost consumer.
 _STALL_HEARTBEATS = 3
@@ -95,6 +101,7 @@ class _Watcher:
     queue: asyncio.Queue[Msg]
     replay: int
     """How many entries the consumer had to replay when it was created (0: synced at once)."""
+    consumer: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,21 +133,53 @@ def _matches(key: str, pattern: str) -> bool:
     return len(tokens) == len(wanted)
 
 
-def consumer_name(bus: Bus, purpose: str) -> str:
-    """The exact name of a node agent's watch; "" for a bus without a node (random names)."""
+def consumer_name(bus: Bus, purpose: str, slot: int = 0) -> str:
+    """The exact name of a node agent's watch in instance slot `slot`; "" for a bus without a
+    node (random names)."""
     if bus.component and bus.node:
-        return bus.names.consumer(bus.component, bus.node, purpose)
+        return bus.names.consumer(bus.component, bus.node, purpose, slot)
     return ""
 
 
-async def _start(bus: Bus, *, bucket: str, keys: str, name: str) -> _Watcher:
+class _SlotsTaken(BusUnavailableError):
+    """Every instance slot's consumer is in use by a live process: a third instance waits."""
+
+
+async def _start(bus: Bus, *, bucket: str, keys: str, purpose: str) -> _Watcher:
+    """Start a watch on a fresh consumer. A node agent takes the first instance slot whose
+    consumer no live process listens to: its own of a previous start, or a dead process's, is
+    deleted (a new one replays anew); one still bound to a listener is a sibling's (the other
+    pod of a rolling update), which it leaves alone and takes the next slot."""
+    stream = bus.names.kv_stream(bucket)
+    await bus.kv(bucket)
+    if not (bus.node and bus.component):
+        return await _create(bus, bucket=bucket, keys=keys, name=f"w{secrets.token_hex(8)}")
+    for slot in range(INSTANCE_SLOTS):
+        name = consumer_name(bus, purpose, slot)
+        try:
+            info = await bus.js.consumer_info(stream, name)
+        except nats.js.errors.NotFoundError:
+            pass
+        else:
+            if info.push_bound:
+                continue
+            with contextlib.suppress(nats.js.errors.NotFoundError):
+                await bus.js.delete_consumer(stream, name)
+        try:
+            return await _create(bus, bucket=bucket, keys=keys, name=name)
+        except nats.js.errors.BadRequestError as exc:
+            if exc.err_code != _CONSUMER_EXISTS:
+                raise
+            # A sibling made it between our look and our create: the next slot.
+    raise _SlotsTaken(
+        f"watch {bucket}: every consumer slot of {purpose!r} is in use by a live process",
+        subject=stream,
+    )
+
+
+async def _create(bus: Bus, *, bucket: str, keys: str, name: str) -> _Watcher:
     nc, js, names = bus.nc, bus.js, bus.names
     stream = names.kv_stream(bucket)
-    await bus.kv(bucket)
-    if bus.node and bus.component:
-        # Our own consumer of a previous start (or process) goes: a new one replays anew.
-        with contextlib.suppress(nats.js.errors.NotFoundError):
-            await js.delete_consumer(stream, name)
     queue: asyncio.Queue[Msg] = asyncio.Queue()
 
     async def enqueue(msg: Msg) -> None:
@@ -168,7 +207,8 @@ async def _start(bus: Bus, *, bucket: str, keys: str, name: str) -> _Watcher:
             await subscription.unsubscribe()
         raise
     delivered = info.delivered.consumer_seq if info.delivered is not None else 0
-    return _Watcher(subscription, queue, replay=(info.num_pending or 0) + (delivered or 0))
+    replay = (info.num_pending or 0) + (delivered or 0)
+    return _Watcher(subscription, queue, replay=replay, consumer=name)
 
 
 def _change(
@@ -220,14 +260,16 @@ async def watch(
         raise ProgrammingError(f"two watches of {bucket} for {purpose!r} in one process")
     bus.consumers_held.add(held)
     try:
-        async for change in _watch(bus, bucket=bucket, keys=keys, name=name, rejected=rejected):
+        async for change in _watch(
+            bus, bucket=bucket, keys=keys, purpose=purpose, rejected=rejected
+        ):
             yield change
     finally:
         bus.consumers_held.discard(held)
 
 
 async def _watch(
-    bus: Bus, *, bucket: str, keys: str, name: str, rejected: bool
+    bus: Bus, *, bucket: str, keys: str, purpose: str, rejected: bool
 ) -> AsyncIterator[KVChange]:
     backoff = Backoff(initial_s=0.1, max_s=5.0)
     names = bus.names
@@ -238,14 +280,13 @@ async def _watch(
         await bus.connected.wait()
         epoch = bus.epoch
         try:
-            consumer = name or f"w{secrets.token_hex(8)}"
-            watcher = await _start(bus, bucket=bucket, keys=keys, name=consumer)
+            watcher = await _start(bus, bucket=bucket, keys=keys, purpose=purpose)
             reraise_if_cancelling()
         except (*_WATCH_FAILED, nats.js.errors.Error) as exc:
             await _pause_after(exc, bucket=bucket, backoff=backoff)
             continue
         backoff.reset()
-        source = _Source(names.kv_stream(bucket), consumer, prefix=prefix, keys=keys)
+        source = _Source(names.kv_stream(bucket), watcher.consumer, prefix=prefix, keys=keys)
         reconnected = asyncio.ensure_future(bus.wait_epoch_after(epoch))
         update: asyncio.Future[Msg] | None = None
         try:

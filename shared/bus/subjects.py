@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-__all__ = ["WATCH_PURPOSES", "Names", "Writer", "token"]
+__all__ = ["INSTANCE_SLOTS", "WATCH_PURPOSES", "Names", "Writer", "token"]
 
 Writer = tuple[str, str]
 """Who alone may write a subject: (role, node as a subject token)."""
@@ -19,6 +19,9 @@ WATCH_PURPOSES = ("watch", "sim", "guard")
 health agent's sim monitor, a second watch of the inventory) and `guard` (the health and
 allocation agents' watch of the keys they write, besides their listing of them:
 `shared.bus.ownkeys`)."""
+INSTANCE_SLOTS = 2
+"""Processes of one agent that may watch at once on one node: two while a rolling update with
+surge runs the new pod beside the old one. Each takes its own consumer names (`consumer`)."""
 _MAX_NODE_IN_NAME = 200
 
 
@@ -148,14 +151,20 @@ class Names:
         return f"$JS.API.CONSUMER.DELETE.KV_{bucket}.{consumer}"
 
     @staticmethod
-    def consumer(role: str, node: str, purpose: str) -> str:
-        """The one name of a node agent's watch: `<role>-<node>-<purpose>`. Role and purpose
-        are fixed words without `-`, so the node part between them is never ambiguous; a node
-        name too long for a consumer name (255 characters) is replaced by its digest."""
+    def consumer(role: str, node: str, purpose: str, slot: int = 0) -> str:
+        """The name of a node agent's watch in instance slot `slot`: `<role>-<node>-<purpose>`,
+        with the slot's number after the purpose from the second slot on (`...-watch1`). Role
+        and purpose are fixed words without `-`, so the node part between them is never
+        ambiguous; a node name too long for a consumer name (255 characters) is replaced by its
+        digest."""
         owner = token(node)
         if len(owner) > _MAX_NODE_IN_NAME:
             owner = "h" + hashlib.sha256(node.encode()).hexdigest()[:40]
-        return f"{role}-{owner}-{purpose}"
+        return f"{role}-{owner}-{purpose}{slot or ''}"
+
+    @staticmethod
+    def js_consumer_info(bucket: str, consumer: str) -> str:
+        return f"$JS.API.CONSUMER.INFO.KV_{bucket}.{consumer}"
 
     @property
     def buckets(self) -> tuple[str, ...]:
