@@ -45,7 +45,6 @@ from services.allocation.claim.checkpoint import ClaimState, PreparedClaim, Prep
 from services.allocation.claim.claims import ClaimRef, PodRef
 from services.allocation.dra.claim_publisher import PreparedClaimPublisher
 from services.discovery import inventory
-from services.discovery.backends import sim
 from services.discovery.publisher import InventoryPublisher
 from services.discovery.scanner import DeviceScanner
 from services.health import instruments as health_instruments
@@ -60,6 +59,7 @@ from shared.config import KubeSettings, LogSettings, NATSSettings
 from shared.logging import configure as configure_logging
 from shared.pb.drasuite.v1 import health_pb2, inventory_pb2
 from shared.supervisor import run_agent
+from shared.vendors.sim import discovery as sim
 
 __all__ = ["ATTACKS", "measure_bus_restore"]
 

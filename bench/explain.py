@@ -26,8 +26,8 @@ from services.allocator.allocator import Cluster
 from services.allocator.explanation import explain
 from services.allocator.request import read_claim
 from services.discovery import inventory, slices
-from services.discovery.backends.sim import SimBackend
 from services.dractl import explain_view
+from shared.vendors.sim.discovery import SimBackend
 
 __all__ = ["measure_explain"]
 

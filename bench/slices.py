@@ -21,13 +21,13 @@ from bench.stats import percentile
 from devcluster.apiserver import APIServerEmulator, ClusterConfig
 from devcluster.natsserver import NATSServerProcess
 from services.discovery.agent import DiscoveryAgent
-from services.discovery.backends import DeviceBackend, Scan
-from services.discovery.backends.sim import SimBackend
 from services.discovery.config import DiscoveryConfig
 from shared.config import KubeSettings, NATSSettings
 from shared.pb.drasuite.v1 import inventory_pb2
 from shared.sim.profile import SimDevice
 from shared.supervisor import run_agent
+from shared.vendors.parts.discovery import DeviceBackend, Scan
+from shared.vendors.sim.discovery import SimBackend
 
 __all__ = ["measure_slices"]
 

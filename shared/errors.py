@@ -52,9 +52,9 @@ __all__ = [
     "KubeNotFoundError",
     "KubeTransientError",
     "MalformedMessageError",
-    "ReplyRefusedError",
     "ProgrammingError",
     "RecoverableError",
+    "ReplyRefusedError",
     "SocketBindError",
 ]
 

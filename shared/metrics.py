@@ -1,14 +1,20 @@
-"""OpenTelemetry metrics for every agent, read in Prometheus text format from the ops server.
+"""OpenTelemetry metrics for every agent, read by Prometheus from the ops server.
 
-One MeterProvider per process (like the tracer provider), feeding prometheus_client's registry;
-instruments are created where the thing they count happens, from `meter(__name__)`. Metric
-names are `dra_<what>_<unit>`; labels are low-cardinality (outcome, verb; never a UID). Who
-reports a series (service, version, node, driver) is in the agent's resource, exported once as
-Prometheus' `target_info` (join on `job`/`instance`), plus `dra_build_info` with the version.
+One MeterProvider per process (like the tracer provider), feeding prometheus_client's registry
+through the OpenTelemetry Prometheus exporter; instruments are created where the thing they
+count happens, from `meter(__name__)`. Metric names are `dra_<what>_<unit>`; labels are
+low-cardinality (outcome, verb; never a UID). Who reports a series (service, version, node,
+driver) is in the agent's resource, exported once as Prometheus' `target_info` (join on
+`job`/`instance`), plus `dra_build_info` with the version.
 
 A counter exists only from its first event unless it is declared with `export_at_zero`: then its
 series (per known label set) is exported at 0 from the start, so `rate()`/`increase()` see the
 first event and the dashboard's and the alert rules' queries find the series on a quiet node.
+
+A histogram observed inside a sampled span carries, on the bucket it fell in, an exemplar naming
+that span's trace (shared/metrics_exemplars.py). `exposition` writes them in the OpenMetrics
+format, which a scraper asks for in its `Accept` header (Prometheus does); any other scraper gets
+the Prometheus text format of `render`, without exemplars.
 """
 
 from __future__ import annotations
@@ -19,17 +25,20 @@ from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 
 from opentelemetry import metrics
-from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import CallbackOptions, Counter, Observation, UpDownCounter
 from opentelemetry.sdk.metrics import MeterProvider
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_TYPE
 
+from shared.metrics_exemplars import ExemplarMetricReader
 from shared.resource import agent_resource, build_version
 
 __all__ = [
     "CONTENT_TYPE",
     "configure",
     "export_at_zero",
+    "exposition",
     "meter",
     "observe_asyncio_tasks",
     "observe_nats_connection",
@@ -62,7 +71,7 @@ def configure(
         _provider = MeterProvider(
             resource=agent_resource(service=service, node=node, driver=driver, environ=environ),
             # Scope labels would put the Python module name on every series; dashboards need none.
-            metric_readers=[PrometheusMetricReader(scope_info_enabled=False)],
+            metric_readers=[ExemplarMetricReader(scope_info_enabled=False)],
         )
         metrics.set_meter_provider(_provider)
         _report_build_info(service)
@@ -171,5 +180,15 @@ def report_ready(ready: bool) -> None:
 
 
 def render() -> bytes:
-    """Every metric of the process in Prometheus text exposition format."""
+    """Every metric of the process in Prometheus text exposition format (no exemplars)."""
     return generate_latest(REGISTRY)
+
+
+def exposition(accept: str) -> tuple[bytes, str]:
+    """Every metric of the process and its content type, in the format a scraper's `Accept`
+    header asks for, negotiated as prometheus_client does: OpenMetrics 1.0 with the exemplars
+    when it accepts `application/openmetrics-text`, else `render()` with `CONTENT_TYPE`."""
+    encoder, content_type = choose_encoder(accept)
+    if content_type.split(";")[0] != OPENMETRICS_TYPE.split(";")[0]:
+        return render(), CONTENT_TYPE
+    return encoder(REGISTRY), content_type

@@ -1,7 +1,9 @@
 """The ops endpoint of an agent: `/metrics` (Prometheus), `/healthz` (liveness), `/readyz`.
 
-`/metrics` also carries the process-level `dra_asyncio_tasks` gauge of the serving loop and
-`dra_agent_ready`, the readiness `/readyz` would answer at the time of the scrape.
+`/metrics` answers in OpenMetrics, with the histograms' exemplars, to a scraper that accepts it
+(Prometheus does), in the Prometheus text format to any other (`metrics.exposition`). It also
+carries the process-level `dra_asyncio_tasks` gauge of the serving loop and `dra_agent_ready`,
+the readiness `/readyz` would answer at the time of the scrape.
 
 Liveness answers from the event loop itself, so a wedged loop fails it; named liveness checks
 add what else must hold (e.g. the kubelet sockets still exist). Readiness is the agent's `ready`
@@ -69,11 +71,12 @@ class OpsServer:
         if runner is not None:
             await runner.cleanup()
 
-    async def _metrics(self, _: web.Request) -> web.Response:
+    async def _metrics(self, request: web.Request) -> web.Response:
         # `dra_agent_ready`: what /readyz would answer now, for alerts on agents not ready.
         metrics.report_ready(self.ready.is_set() and not await _outcomes(self.readiness))
-        body = await asyncio.to_thread(metrics.render)
-        return web.Response(body=body, headers={"Content-Type": metrics.CONTENT_TYPE})
+        accept = request.headers.get("Accept", "")
+        body, content_type = await asyncio.to_thread(metrics.exposition, accept)
+        return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def _healthz(self, _: web.Request) -> web.Response:
         return await _answer(self.liveness)

@@ -321,21 +321,6 @@ class AllocationConfig:
         return self.data_dir / "checkpoint"
 
     @property
-    def partition_state_path(self) -> Path:
-        """The sim backend's partitions (`sim_partitions.SimPartitionManager`)."""
-        return self.data_dir / "sim-partitions.json"
-
-    @property
-    def mig_partition_state_path(self) -> Path:
-        """The MIG devices this plugin made (`partitions.mig.MigPartitionManager`)."""
-        return self.data_dir / "mig-partitions.json"
-
-    @property
-    def vnpu_partition_state_path(self) -> Path:
-        """The vNPUs this plugin made (`partitions.vnpu.VnpuPartitionManager`)."""
-        return self.data_dir / "vnpu-partitions.json"
-
-    @property
     def metadata_dir(self) -> Path:
         """Device metadata files, one directory per prepared claim UID (`metadata.files`)."""
         return self.data_dir / "dra-device-metadata"

@@ -29,6 +29,7 @@ from shared.bus.connection import Bus
 from shared.errors import ProgrammingError
 from shared.kube.client import KubeClient
 from shared.supervisor import eternal
+from shared.vendors.parts.discovery import BackendSeams, Closeable, DeviceBackend
 
 __all__ = ["DiscoveryAgent"]
 
@@ -42,8 +43,8 @@ class DiscoveryAgent:
         self,
         config: DiscoveryConfig,
         *,
-        backend: backends.DeviceBackend | None = None,
-        seams: backends.BackendSeams | None = None,
+        backend: DeviceBackend | None = None,
+        seams: BackendSeams | None = None,
     ) -> None:
         """`backend` replaces the configured one; `seams` only its hardware interface."""
         self.config = config
@@ -69,7 +70,7 @@ class DiscoveryAgent:
         backend = self.backend
         if backend is None:  # ours to load, and to release
             backend = backends.load_backend(config, seams=self.seams)
-            if isinstance(backend, backends.Closeable):
+            if isinstance(backend, Closeable):
                 resources.callback(backend.close)
         self.backend = backend
         self._bus = Bus(

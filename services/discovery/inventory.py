@@ -9,9 +9,9 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from services.discovery.backends import Scan
 from shared.bus import codec
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors.parts.discovery import Scan
 
 __all__ = ["Identity", "build", "content", "digest", "same_content", "successor"]
 

@@ -18,11 +18,11 @@ import structlog
 from opentelemetry import context as otel_context
 
 from services.discovery import inventory
-from services.discovery.backends import DeviceBackend
 from shared import telemetry
 from shared.backoff import Backoff
 from shared.errors import BackendUnavailableError
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors.parts.discovery import DeviceBackend
 
 __all__ = ["DeviceScanner", "ScanObserver"]
 

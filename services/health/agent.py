@@ -28,9 +28,7 @@ from services.health.config import HealthConfig
 from services.health.drain import DrainControl
 from services.health.evaluator import HealthEvaluator
 from services.health.events import NodeEventWriter
-from services.health.monitors import AscendOptions, DeviceMonitor, NvmlOptions
 from services.health.monitors.watchdog import Watchdog
-from services.health.observation import Fault
 from services.health.pod_events import PodEventWriter
 from services.health.policy import PolicySettings
 from services.health.recorder import HealthRecorder
@@ -42,9 +40,11 @@ from shared.errors import ConfigError
 from shared.kube.client import KubeClient
 from shared.sim import profile
 from shared.supervisor import eternal
+from shared.vendors.parts.health import AscendOptions, DeviceMonitor, NvmlOptions
+from shared.vendors.parts.observation import Fault
 
 if TYPE_CHECKING:
-    from services.health.monitors.nvml_events import NVMLEvents
+    from shared.vendors.nvidia.nvml_events import NVMLEvents
 
 __all__ = ["HealthAgent"]
 

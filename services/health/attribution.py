@@ -23,9 +23,9 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from services.health.observation import Observation
 from shared.pb.drasuite.v1 import inventory_pb2
 from shared.vendors.nvidia import naming
+from shared.vendors.parts.observation import Observation
 
 __all__ = ["Topology", "attribute", "topology", "with_partitions"]
 

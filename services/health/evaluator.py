@@ -31,7 +31,6 @@ from services.health import alerts, attribution, events, policy, record_taints
 from services.health.alerts import AlertPublisher
 from services.health.attribution import Topology
 from services.health.events import DeviceEvent, NodeEventWriter
-from services.health.observation import Observation, Observations
 from services.health.pod_events import PodEventWriter
 from services.health.policy import DeviceState, Health, PolicySettings, Taint, Verdict
 from services.health.record_taints import TaintTimes
@@ -41,6 +40,7 @@ from shared import telemetry
 from shared.cancellation import reraise_if_cancelling
 from shared.errors import BusUnavailableError
 from shared.pb.drasuite.v1 import health_pb2
+from shared.vendors.parts.observation import Observation, Observations
 
 __all__ = ["HealthEvaluator"]
 

@@ -23,8 +23,8 @@ import re
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from services.health.observation import Fault, Observation
 from services.health.rules import ClassRule, FaultRules, classify, default_rules
+from shared.vendors.parts.observation import Fault, Observation
 
 __all__ = [
     "MESSAGE_MAX",

@@ -28,12 +28,12 @@ from typing import cast
 import structlog
 from opentelemetry.metrics import Counter
 
-from services.health.observation import Fault
 from services.health.policy import PASSTHROUGH, DeviceState, Health, Taint
 from shared.bus import codec, kv, ownkeys
 from shared.bus.connection import Bus
 from shared.errors import BusUnavailableError, MalformedMessageError
 from shared.pb.drasuite.v1 import health_pb2
+from shared.vendors.parts.observation import Fault
 
 __all__ = [
     "PASSTHROUGH_CODE",

@@ -21,11 +21,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from services.discovery import inventory
-from services.discovery.backends import ascend
-from services.discovery.backends.sysfs import Sysfs
 from services.health import attribution
-from services.health.monitors.ascend import AscendMonitor
-from services.health.observation import Observations
+from shared.vendors.ascend import discovery as ascend
+from shared.vendors.ascend.monitor import AscendMonitor
+from shared.vendors.parts.observation import Observations
+from shared.vendors.parts.sysfs import Sysfs
 from tests.fakes.npusmi import FIXTURES, FakeNpuSmi
 
 HEALTH_FIXTURES = Path(__file__).parents[1] / "unit" / "health" / "fixtures"

@@ -45,29 +45,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from services.allocation.cdi import allowlist
-from services.allocation.cdi.edits import (
-    ASCEND_CONTROL_NODES,
-    DEVICES_ENV,
-    NVIDIA_CONTROL_NODES,
-    DeviceUse,
-    claim_edits,
-)
+from services.allocation.cdi.edits import DEVICES_ENV, DeviceUse, claim_edits
 from services.allocation.deviceplugin import resources
 from services.allocation.deviceplugin.catalog import DeviceCatalog
 from services.allocation.deviceplugin.service import DevicePluginService
 from services.allocation.node_view.health_board import HealthBoard
 from services.allocation.node_view.inventory_cache import InventoryCache
-from services.allocation.partitions import Partition, on_demand_option
-from services.allocation.partitions.mig import MigPartitionManager
-from services.allocation.partitions.sim import SimPartitionManager
 from services.discovery import inventory
-from services.discovery.backends import Scan, ascend, nvml
-from services.discovery.backends.sim import SimBackend
-from services.discovery.backends.sysfs import Sysfs
 from services.health import attribution
-from services.health.monitors import sim as sim_monitor
-from services.health.monitors.nvml import NvmlMonitor
-from services.health.observation import Observation, Observations
 from shared.bus import codec, kv
 from shared.bus.connection import Bus
 from shared.bus.kv import KVChange
@@ -76,6 +61,19 @@ from shared.errors import ClaimError
 from shared.pb.drasuite.v1 import health_pb2, inventory_pb2
 from shared.sim import profile
 from shared.vendors import registry
+from shared.vendors.ascend import discovery as ascend
+from shared.vendors.ascend.cdi import CONTROL_NODES as ASCEND_CONTROL_NODES
+from shared.vendors.nvidia import discovery as nvml
+from shared.vendors.nvidia.cdi import CONTROL_NODES as NVIDIA_CONTROL_NODES
+from shared.vendors.nvidia.monitor import NvmlMonitor
+from shared.vendors.nvidia.partitions import MigPartitionManager
+from shared.vendors.parts.discovery import Scan
+from shared.vendors.parts.observation import Observation, Observations
+from shared.vendors.parts.partitions import Partition, on_demand_option
+from shared.vendors.parts.sysfs import Sysfs
+from shared.vendors.sim import monitor as sim_monitor
+from shared.vendors.sim.discovery import SimBackend
+from shared.vendors.sim.partitions import SimPartitionManager
 from tests.contract.test_ascend_device_names import (
     INFO_CAPTURES,
     Output,

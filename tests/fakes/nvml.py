@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from services.discovery.backends.sysfs import normalize_bus_id
 from shared.nvml import ERROR_INVALID_ARGUMENT, ERROR_NOT_SUPPORTED, Handle, NVMLCallError
 from shared.vendors.nvidia.mig import GpuInstance, GpuInstanceProfile, MigDevice, Placement
+from shared.vendors.parts.sysfs import normalize_bus_id
 from tests.fakes.sysfs import add_pci_device
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""A fake of the health monitor's NVML seam (`services/health/monitors/nvml_events.py`).
+"""A fake of the health monitor's NVML seam (`shared/vendors/nvidia/nvml_events.py`).
 
 GPUs are named by index; the test injects events (`xid`, `double_bit_ecc`, `event`), sets
 counters (`FakeEventGpu` fields), loses a GPU (`lose`: its calls answer GPU_IS_LOST), makes
@@ -15,7 +15,8 @@ import queue
 import threading
 from dataclasses import dataclass, field
 
-from services.health.monitors.nvml_events import (
+from shared.vendors.nvidia.mig import GpuInstance, Placement
+from shared.vendors.nvidia.nvml_events import (
     ERROR_GPU_IS_LOST,
     ERROR_NOT_FOUND,
     ERROR_NOT_SUPPORTED,
@@ -31,7 +32,6 @@ from services.health.monitors.nvml_events import (
     NVMLEvent,
     RemappedRows,
 )
-from shared.vendors.nvidia.mig import GpuInstance, Placement
 
 __all__ = ["FakeEventGpu", "FakeNVMLEvents"]
 

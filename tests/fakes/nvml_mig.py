@@ -1,4 +1,4 @@
-"""A fake of the MIG partition manager's NVML seam (`services/allocation/partitions/mig_nvml.py`).
+"""A fake of the MIG partition manager's NVML seam (`shared/vendors/nvidia/mig_nvml.py`).
 
 GPUs, GI profiles and placements are those of `tests/fakes/nvml.py` (docs/hardware.md §1.1/1.2).
 GPU instances take memory slices as NVML does: a placement that overlaps a GI, or a profile
@@ -25,11 +25,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from services.allocation.partitions.mig_nvml import (
-    ERROR_IN_USE,
-    ERROR_INSUFFICIENT_RESOURCES,
-    ComputeInstanceProfile,
-)
 from shared.nvml import (
     ERROR_INVALID_ARGUMENT,
     ERROR_NOT_FOUND,
@@ -39,6 +34,11 @@ from shared.nvml import (
 )
 from shared.vendors.nvidia import naming
 from shared.vendors.nvidia.mig import GpuInstance, GpuInstanceProfile, Placement
+from shared.vendors.nvidia.mig_nvml import (
+    ERROR_IN_USE,
+    ERROR_INSUFFICIENT_RESOURCES,
+    ComputeInstanceProfile,
+)
 from tests.fakes.nvml import FakeGpu, FakeGpuInstance, FakeNVML
 
 __all__ = ["Crash", "FakeMigNVML", "cap_minor", "read_state"]

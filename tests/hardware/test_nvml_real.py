@@ -17,16 +17,17 @@ import re
 import pytest
 
 from services.discovery import apirules, slices
-from services.discovery.backends import Scan, nvml_api
-from services.discovery.backends.nvml import NvmlBackend
-from services.discovery.backends.nvml import NvmlOptions as NvmlBackendOptions
-from services.discovery.backends.sysfs import normalize_bus_id
-from services.health.monitors import NvmlOptions, nvml_events
-from services.health.monitors.nvml import NvmlMonitor
-from services.health.observation import Observations
 from shared import quantity
 from shared.nvml import import_pynvml, text
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors.nvidia import nvml_api, nvml_events
+from shared.vendors.nvidia.discovery import NvmlBackend
+from shared.vendors.nvidia.discovery import NvmlOptions as NvmlBackendOptions
+from shared.vendors.nvidia.monitor import NvmlMonitor
+from shared.vendors.parts.discovery import Scan
+from shared.vendors.parts.health import NvmlOptions
+from shared.vendors.parts.observation import Observations
+from shared.vendors.parts.sysfs import normalize_bus_id
 
 pytestmark = [
     pytest.mark.hardware,

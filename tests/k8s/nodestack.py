@@ -21,13 +21,13 @@ from devcluster.kubelet import KubeletEmulator
 from services.allocation.config import AllocationConfig
 from services.allocation.dra.agent import AllocationAgent
 from services.discovery.agent import DiscoveryAgent
-from services.discovery.backends import sim
 from services.discovery.config import DiscoveryConfig
 from shared.config import KubeSettings, NATSSettings
 from shared.errors import DraSuiteError
 from shared.kube.client import KubeClient
 from shared.kube.resources import NODES, RESOURCE_SLICES
 from shared.supervisor import run_agent
+from shared.vendors.sim import discovery as sim
 from tests.integration.discovery.agent_runner import running
 
 T = TypeVar("T")

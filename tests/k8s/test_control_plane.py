@@ -16,7 +16,6 @@ import pytest
 from devcluster.controlplane import RealControlPlane, register_node
 from devcluster.controlplane.nodes import wait_for_service_account
 from services.discovery.agent import DiscoveryAgent
-from services.discovery.backends import sim
 from services.discovery.config import DiscoveryConfig
 from shared.config import NATSSettings
 from shared.kube.client import KubeClient
@@ -27,6 +26,7 @@ from shared.kube.resources import (
     RESOURCE_SLICES,
     ResourceType,
 )
+from shared.vendors.sim import discovery as sim
 from tests.integration.discovery.agent_runner import running
 
 pytestmark = pytest.mark.k8s

@@ -26,7 +26,6 @@ import pytest
 from devcluster.controlplane import RealControlPlane, register_node
 from devcluster.controlplane.nodes import wait_for_service_account
 from services.discovery.agent import DiscoveryAgent
-from services.discovery.backends import sim
 from services.discovery.config import DiscoveryConfig
 from services.natsauth import cli as auth_cli
 from services.natsauth import secrets as natsauth_secrets
@@ -35,6 +34,7 @@ from shared.config import KubeSettings, NATSSettings
 from shared.errors import KubeError
 from shared.kube.client import KubeClient
 from shared.kube.resources import RESOURCE_SLICES, ResourceType
+from shared.vendors.sim import discovery as sim
 from tests.integration.discovery.agent_runner import running
 from tests.k8s.apply import Applier
 from tests.k8s.tokens import pod_bound_token

@@ -41,6 +41,7 @@ from shared.kube.client import KubeClient
 from shared.pb.drasuite.v1 import alert_pb2, health_pb2, inventory_pb2
 from shared.pb.kubelet.dra.v1 import api_pb2 as dra
 from shared.pb.kubelet.drahealth.v1alpha1 import api_pb2 as health_api
+from shared.vendors import sim
 from tests.reliability.emulator_control import EmulatorControl
 
 __all__ = [
@@ -228,8 +229,8 @@ class ReliabilityNode:
 
     @property
     def partition_state(self) -> Path:
-        """The sim partition manager's state file (`config.partition_state_path`)."""
-        return self.stack.config.plugin_data_dir / "sim-partitions.json"
+        """The sim partition manager's state file (`sim.STATE_FILE` in the data dir)."""
+        return self.stack.config.plugin_data_dir / sim.STATE_FILE
 
     def sim_partitions(self) -> list[Obj]:
         """Every partition the sim has made and not removed (written atomically: never half)."""

@@ -3,9 +3,11 @@
 The inventory arrives over the bus and is untrusted (docs/security.md): whatever
 it says, a container gets only the device nodes and environment variables that the node's own
 backend produces (docs/hardware.md §1.3, 3.5), under the host paths documented for them, and every
-variable's value has the shape the driver writes. A device's edits are also bound to it
-(`Own`): a numbered device node (`/dev/davinci<N>`, `/dev/nvidia<N>`, a MIG capability) or a
-visible-devices value naming any other device is refused, and so is every vendor edit of a
+variable's value has the shape the driver writes. Each backend's rules are its vendor
+package's (`Vendor.edit_rules`), with the driver's own variables added here. A device's
+edits are also bound to it (`Own`): a numbered device node (`/dev/davinci<N>`,
+`/dev/nvidia<N>`, a MIG capability) or a visible-devices value naming any other device is
+refused, and so is every vendor edit of a
 kind the backend never makes. The MIG management capabilities (`nvidia-cap1`, `nvidia-cap2`)
 are never handed out. Anything else fails the claim with `ForbiddenEditError`, naming each
 device and edit; this module only decides (the preparer logs and counts). Hooks are never
@@ -29,6 +31,8 @@ from typing import Any
 
 from services.allocation.mps import layout as mps_layout
 from shared.errors import ClaimError
+from shared.vendors import registry
+from shared.vendors.parts.cdi import EditRules, Own
 
 __all__ = [
     "BACKENDS",
@@ -50,53 +54,15 @@ EDIT_KINDS = ("device_node", "host_path", "env_name", "env_value", "mount", "hoo
 _SHOWN = 96  # characters of a rejected edit quoted in errors and logs
 _MAX_LISTED = 8  # rejected edits named in one claim's error
 
-# The driver's own variables, on every backend (cdi.edits, claim.opaque, shares of a device).
-_DRIVER_ENV = frozenset(
-    {
-        "DRA_SUITE_CLAIM_UID",
-        "DRA_SUITE_DEVICES",
-        "DRA_SUITE_PARTITION_ID",
-        "DRA_SUITE_PARTITION_PROFILE",
-        "DRA_SUITE_SHARING_STRATEGY",
-        "DRA_SUITE_TIMESLICE_INTERVAL",
-        "DRA_SUITE_COMPUTE_PERCENT",
-        "DRA_SUITE_MEMORY_LIMIT",
-    }
-)
-_CONSUMED_ENV = re.compile(r"DRA_SUITE_CONSUMED_[A-Z0-9_]{1,200}", re.ASCII)
-_ASCEND_ENV = frozenset({"ASCEND_VISIBLE_DEVICES", "ASCEND_RUNTIME_OPTIONS"})
-_NVIDIA_ENV = frozenset(
-    {
-        "NVIDIA_VISIBLE_DEVICES",
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
-        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
-        mps_layout.PIPE_DIR_ENV,
-        mps_layout.LOG_DIR_ENV,
-    }
-)
-VISIBLE_ENV = frozenset({"ASCEND_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"})
-"""Variables that select devices: per device, only its own id (`Own.visible`)."""
-
 
 def _listed(item: str) -> re.Pattern[str]:
     return re.compile(rf"{item}(,{item})*", re.ASCII)
 
 
 _PERCENT = r"(100|[1-9][0-9]?)"
-# A GPU or MIG device by index or UUID, never a runtime keyword (`all`, `none`, `void`).
-_NVIDIA_ID = r"(?!(?i:all|none|void)(,|$))[A-Za-z0-9][A-Za-z0-9/_.:-]{0,127}"
-# A Kubernetes quantity as the claim's allocation wrote it; empty for a device without it.
-_QUANTITY = r"([0-9][0-9A-Za-z.+-]{0,63})?"
-# Every variable's value has the shape the driver writes (edits, opaque, partitions).
-_VALUES = {
-    "ASCEND_VISIBLE_DEVICES": _listed(r"[0-9]{1,5}"),
-    "ASCEND_RUNTIME_OPTIONS": re.compile(r"VIRTUAL"),
-    "NVIDIA_VISIBLE_DEVICES": _listed(_NVIDIA_ID),
-    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": re.compile(_PERCENT),
-    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": _listed(r"[0-9]{1,3}=[0-9]{1,12}M"),
-    # The claim's own MPS daemon's directories, as mounted into the container: only these.
-    mps_layout.PIPE_DIR_ENV: re.compile(re.escape(mps_layout.CONTAINER_PIPE_DIR)),
-    mps_layout.LOG_DIR_ENV: re.compile(re.escape(mps_layout.CONTAINER_LOG_DIR)),
+# The driver's own variables, on every backend (cdi.edits, claim.opaque, shares of a device),
+# each with the shape of value the driver writes.
+_DRIVER_ENV = {
     # A claim UID, or the device-plugin front's stand-in (`device-plugin <resource>`).
     "DRA_SUITE_CLAIM_UID": re.compile(r"[A-Za-z0-9][A-Za-z0-9 ./-]{0,255}", re.ASCII),
     "DRA_SUITE_DEVICES": _listed(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"),
@@ -107,34 +73,35 @@ _VALUES = {
     "DRA_SUITE_COMPUTE_PERCENT": re.compile(_PERCENT),
     "DRA_SUITE_MEMORY_LIMIT": re.compile(r"[0-9]{1,20}"),
 }
-_CONSUMED_VALUE = _listed(_QUANTITY)
-_ASCEND_NODES = re.compile(r"/dev/(davinci[0-9]{1,5}|davinci_manager|devmm_svm|hisi_hdc)", re.ASCII)
-# Capabilities 1 and 2 are MIG `config` and `monitor` (management of every MIG device of the
-# node): never a container's. A MIG device's own are its GI and CI access minors (`Own`).
-_NVIDIA_NODES = re.compile(
-    r"/dev/(nvidia[0-9]{1,5}|nvidiactl|nvidia-uvm|nvidia-uvm-tools"
-    r"|nvidia-caps/nvidia-cap([3-9]|[1-9][0-9]{1,6}))",
-    re.ASCII,
-)
-# Device nodes that name one device: they must be the device's own (`Own.nodes`).
-_NUMBERED = re.compile(
-    r"/dev/(davinci|nvidia)[0-9]+|/dev/nvidia-caps/nvidia-cap[0-9]+|/dev/vfio/[0-9]+", re.ASCII
-)
+_CONSUMED_ENV = re.compile(r"DRA_SUITE_CONSUMED_[A-Z0-9_]{1,200}", re.ASCII)
+# A Kubernetes quantity as the claim's allocation wrote it; empty for a device without it.
+_CONSUMED_VALUE = _listed(r"([0-9][0-9A-Za-z.+-]{0,63})?")
+# The claim's own MPS daemon's directories, as mounted into the container: only these.
+_MPS_ENV = {
+    mps_layout.PIPE_DIR_ENV: re.compile(re.escape(mps_layout.CONTAINER_PIPE_DIR)),
+    mps_layout.LOG_DIR_ENV: re.compile(re.escape(mps_layout.CONTAINER_LOG_DIR)),
+}
 # A VFIO device: the container (the VM's launcher) gets the VFIO control node and the group.
 _VFIO_NODES = re.compile(r"/dev/vfio/(vfio|[0-9]{1,6})", re.ASCII)
-_VNPU_HOST = re.compile(r"/dev/davinci([0-9]{1,5})", re.ASCII)
+_VFIO_NUMBERED = re.compile(r"/dev/vfio/[0-9]+", re.ASCII)
 _MOUNT_OPTIONS = frozenset({"ro", "bind", "rbind", "nosuid", "nodev", "noexec", "rprivate"})
 SIM_HOST = "/dev/null"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BackendRules:
-    """What one backend may put into a container."""
+    """What one backend may put into a container (its vendor's `EditRules`, and the driver's
+    own variables)."""
 
     nodes: tuple[re.Pattern[str], ...]
     """Container paths of device nodes (full match)."""
-    env: frozenset[str]
-    """Variable names besides the driver's own."""
+    env: Mapping[str, re.Pattern[str]]
+    """Variables besides the driver's own, and the shape of each one's value."""
+    visible: frozenset[str] = frozenset()
+    """Variables that select devices: per device, only its own id (`Own.visible`)."""
+    numbered: tuple[re.Pattern[str], ...] = ()
+    """Device nodes that name one device: they must be the device's own (`Own.nodes`)."""
+    host_aliases: tuple[tuple[re.Pattern[str], str], ...] = ()
     sim_host: bool = False
     """Every host path is the sim backend's own `/dev/null` (sim nodes are never real)."""
 
@@ -143,28 +110,38 @@ class BackendRules:
             return host == SIM_HOST
         if not host or host == path:
             return True
-        # A static vNPU: host /dev/vdavinci<N> is the container's /dev/davinci<N> (docs/hardware.md
-        # §3.5).
-        match = _VNPU_HOST.fullmatch(path)
-        return match is not None and host == f"/dev/vdavinci{match.group(1)}"
+        return any(
+            (match := pattern.fullmatch(path)) is not None and host == match.expand(template)
+            for pattern, template in self.host_aliases
+        )
 
     def env_allowed(self, name: str) -> bool:
         return name in self.env or name in _DRIVER_ENV or bool(_CONSUMED_ENV.fullmatch(name))
 
+    def value_pattern(self, name: str) -> re.Pattern[str] | None:
+        if _CONSUMED_ENV.fullmatch(name):
+            return _CONSUMED_VALUE
+        return _DRIVER_ENV.get(name) or self.env.get(name)
 
-_RULES = {
-    "ascend": BackendRules(nodes=(_ASCEND_NODES,), env=_ASCEND_ENV),
-    "nvml": BackendRules(nodes=(_NVIDIA_NODES,), env=_NVIDIA_ENV),
-    # The sim backend imitates both vendors' node names and variables (shared/sim/profiles),
-    # always backed by /dev/null on the host.
-    "sim": BackendRules(
-        nodes=(_ASCEND_NODES, _NVIDIA_NODES), env=_ASCEND_ENV | _NVIDIA_ENV, sim_host=True
-    ),
-}
+
+def _backend_rules(rules: EditRules) -> BackendRules:
+    return BackendRules(
+        nodes=rules.nodes,
+        env={**rules.env, **(_MPS_ENV if rules.mps else {})},
+        visible=rules.visible,
+        numbered=rules.numbered,
+        host_aliases=rules.host_aliases,
+        sim_host=rules.sim_host,
+    )
+
+
+_RULES = {name: _backend_rules(vendor.edit_rules) for name, vendor in registry.BACKENDS.items()}
 BACKENDS = frozenset(_RULES)
 """Backends with an allowlist; any other name may only bring the driver's own variables."""
+VISIBLE_ENV = frozenset(name for rules in _RULES.values() for name in rules.visible)
+"""Variables that select devices, on any backend: per device, only its own id."""
 # An unknown backend name (a forged inventory) gets nothing but the driver's own variables.
-_NOTHING = BackendRules(nodes=(), env=frozenset())
+_NOTHING = BackendRules(nodes=(), env={})
 
 
 def rules_for(backend: str) -> BackendRules:
@@ -173,20 +150,12 @@ def rules_for(backend: str) -> BackendRules:
 
 def vfio_rules(backend: str) -> BackendRules:
     """What a device prepared for a virtual machine may bring: only the VFIO nodes."""
-    if backend not in _RULES:
+    rules = _RULES.get(backend)
+    if rules is None:
         return _NOTHING
-    return BackendRules(nodes=(_VFIO_NODES,), env=frozenset(), sim_host=backend == "sim")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Own:
-    """What one allocated device (or the partition made of it) may name, from the device's
-    own name and the backend's view of it, never from an inventory list of others."""
-
-    nodes: frozenset[str] = frozenset()
-    """Its numbered device nodes: `/dev/davinci<id>`, `/dev/nvidia<minor>`, its MIG caps."""
-    visible: frozenset[str] = frozenset()
-    """`NAME=value` of its visible-devices variables: one id each."""
+    return BackendRules(
+        nodes=(_VFIO_NODES,), env={}, numbered=(_VFIO_NUMBERED,), sim_host=rules.sim_host
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -233,12 +202,6 @@ def _shown(text: str) -> str:
     return repr(text if len(text) <= _SHOWN else text[:_SHOWN] + "...")
 
 
-def _value_pattern(name: str) -> re.Pattern[str] | None:
-    if _CONSUMED_ENV.fullmatch(name):
-        return _CONSUMED_VALUE
-    return _VALUES.get(name)
-
-
 def _rejected(backend: str, edits: DeviceEdits) -> Iterable[RejectedEdit]:
     device = edits.device[:_SHOWN]
     rules = vfio_rules(backend) if edits.vfio else rules_for(backend)
@@ -251,17 +214,21 @@ def _rejected(backend: str, edits: DeviceEdits) -> Iterable[RejectedEdit]:
             yield RejectedEdit(
                 device=device, kind="host_path", edit=f"{_shown(host)} as {_shown(path)}"
             )
-        elif own is not None and _NUMBERED.fullmatch(path) and path not in own.nodes:
+        elif (
+            own is not None
+            and any(pattern.fullmatch(path) for pattern in rules.numbered)
+            and path not in own.nodes
+        ):
             yield RejectedEdit(
                 device=device, kind="device_node", edit=f"{_shown(path)} (not this device's)"
             )
     for name, value in edits.env.items():
-        pattern = _value_pattern(name)
+        pattern = rules.value_pattern(name)
         if not rules.env_allowed(name):
             yield RejectedEdit(device=device, kind="env_name", edit=_shown(name))
         elif pattern is None or not pattern.fullmatch(value):
             yield RejectedEdit(device=device, kind="env_value", edit=_shown(f"{name}={value}"))
-        elif own is not None and name in VISIBLE_ENV and f"{name}={value}" not in own.visible:
+        elif own is not None and name in rules.visible and f"{name}={value}" not in own.visible:
             yield RejectedEdit(
                 device=device,
                 kind="env_value",

@@ -1,15 +1,10 @@
 """Which extended resource each inventory device is offered as on the device-plugin front (pure).
 
 One resource per device kind, named as the vendors' device plugins name them, so that pod
-specs written for those plugins keep working:
-
-- `ascend` NPUs: `huawei.com/Ascend910` (910A, 910B, A3), `huawei.com/Ascend310P`,
-  `huawei.com/Ascend310` by chip family; a static vNPU (chip `310Pvir02`) is its template's
-  own resource, `huawei.com/Ascend310P-2c` (docs/hardware.md §3.6).
-- `nvml`: `nvidia.com/gpu`; a MIG device that exists (has a UUID) is `nvidia.com/mig-<profile>`
-  (the device plugin's "mixed" strategy). Placements made only at prepare time are not
-  offered: a device plugin can only hand out what exists.
-- `sim` and anything else: `<driver>/<kind>` (`sim.dra-suite.io/npu`, `sim.dra-suite.io/gpu`).
+specs written for those plugins keep working: each vendor package's `plugin_names` says which
+kinds it names and how (`Vendor.plugin_names`; `huawei.com/Ascend910`, `nvidia.com/gpu`,
+`nvidia.com/mig-<profile>`...). Any other kind, and every sim device, is `<driver>/<kind>`
+(`sim.dra-suite.io/npu`, `sim.dra-suite.io/gpu`).
 
 `overrides` (kind or default name -> resource name, from configuration, parsed by
 resource_names.py) replace any of these.
@@ -18,28 +13,19 @@ A device ID is the inventory device name (a DNS label, within the kubelet's 63 c
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from services.allocation.resource_names import RESOURCE_NAME
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors import registry
+from shared.vendors.parts.partitions import ON_DEMAND
 
 __all__ = [
-    "VENDOR_NAMES",
     "Resource",
     "resource_name",
     "resources",
 ]
-
-_ON_DEMAND = "createdOnDemand"
-_TEMPLATE = re.compile(r"vir(\d+)((?:_[a-z0-9]+)*)$")
-# npu-smi template suffixes -> the Ascend device plugin's resource suffixes (docs/hardware.md §3.6).
-_TEMPLATE_PARTS = {"1c": "1cpu", "3c": "3cpu", "4c": "4cpu", "8g": "8g", "16g": "16g"}
-_WHOLE_DEVICE_NAMES = frozenset(
-    {"huawei.com/Ascend910", "huawei.com/Ascend310P", "huawei.com/Ascend310", "nvidia.com/gpu"}
-)
-_TEMPLATE_PARTS |= {"32g": "32g", "dvpp": "dvpp", "ndvpp": "ndvpp", "m": "dvpp", "nm": "ndvpp"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,59 +39,15 @@ class Resource:
         return next((d for d in self.devices if d.name == device_id), None)
 
 
-def _ascend(device: inventory_pb2.Device) -> str | None:
-    chip = device.attributes["chipName"].string if "chipName" in device.attributes else ""
-    chip = chip.removeprefix("Ascend").strip()
-    family = (
-        "Ascend310P"
-        if chip.startswith("310P")
-        else "Ascend310"
-        if chip.startswith("310")
-        else "Ascend910"
-    )
-    template = _TEMPLATE.search(chip)
-    if template is None:
-        return f"huawei.com/{family}"
-    parts = [f"{int(template.group(1))}c"]
-    for part in filter(None, template.group(2).split("_")):
-        if part not in _TEMPLATE_PARTS:
-            return None  # a template this table does not know: not offered rather than misnamed
-        parts.append(_TEMPLATE_PARTS[part])
-    return f"huawei.com/{family}-{'.'.join(parts)}"
-
-
-def _nvidia(device: inventory_pb2.Device) -> str | None:
-    if device.kind == "gpu":
-        return "nvidia.com/gpu"
-    profile = device.attributes["profile"].string if "profile" in device.attributes else ""
-    if device.kind == "mig" and device.uuid and profile:
-        # `+me` (media extensions) is no part of a resource name: NVIDIA's device plugin offers
-        # a `1g.10gb+me` device as `mig-1g.10gb`, and so does this front.
-        return f"nvidia.com/mig-{profile.partition('+')[0]}"
-    return None
-
-
-def _none(_: inventory_pb2.Device) -> str | None:
-    return None
-
-
-VENDOR_NAMES: Mapping[str, tuple[frozenset[str], Callable[[inventory_pb2.Device], str | None]]] = {
-    "sim": (frozenset(), _none),
-    "nvml": (frozenset({"gpu", "mig"}), _nvidia),
-    "ascend": (frozenset({"npu"}), _ascend),
-}
-"""Per backend: the device kinds named as the vendor's device plugin names them, and how."""
-
-
 def resource_name(
     device: inventory_pb2.Device, *, backend: str, driver: str, overrides: Mapping[str, str]
 ) -> str | None:
     """The resource `device` is offered as, or None when it is not offered."""
-    if device.attributes[_ON_DEMAND].bool if _ON_DEMAND in device.attributes else False:
+    if device.attributes[ON_DEMAND].bool if ON_DEMAND in device.attributes else False:
         return None
-    kinds, vendor_name = VENDOR_NAMES[backend]
-    if device.kind in kinds:
-        name = vendor_name(device)
+    names = registry.BACKENDS[backend].plugin_names
+    if device.kind in names.kinds:
+        name = names.name(device)
     elif device.parent:
         name = None  # a partition of a backend without static partitions
     else:
@@ -115,7 +57,7 @@ def resource_name(
     if name in overrides:
         return overrides[name]
     # A kind's override renames its whole devices, never its partitions' own resources.
-    whole = name in _WHOLE_DEVICE_NAMES or name == f"{driver}/{device.kind or 'device'}"
+    whole = name in names.whole_devices or name == f"{driver}/{device.kind or 'device'}"
     return overrides.get(device.kind, name) if whole else name
 
 

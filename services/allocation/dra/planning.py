@@ -46,10 +46,10 @@ from services.allocation.claim.claims import AllocatedClaim, DeviceResult
 from services.allocation.metadata import document
 from services.allocation.mps import layout as mps_layout
 from services.allocation.mps import limits as mps_limits
-from services.allocation.partitions import OnDemandOption, Partition, on_demand_option
 from services.allocation.vfio import plan as vfio_plan
 from shared.errors import ClaimError, DeviceNotAllocatableError, InvalidOpaqueConfigError
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors.parts.partitions import OnDemandOption, Partition, on_demand_option
 
 __all__ = ["CLAIM_UID_ENV", "DEVICES_ENV", "find_device", "plan"]
 

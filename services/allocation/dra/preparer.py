@@ -53,11 +53,11 @@ from services.allocation.dra.planning import CLAIM_UID_ENV, DEVICES_ENV, find_de
 from services.allocation.dra.serialize import InstanceLock
 from services.allocation.metadata.files import MetadataFiles
 from services.allocation.mps.daemons import MpsDaemons
-from services.allocation.partitions import Partition, PartitionManager, on_demand_option
 from services.allocation.vfio.binder import VfioBinder
 from shared import telemetry
 from shared.errors import ClaimError, ClaimUIDMismatchError
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors.parts.partitions import Partition, PartitionManager, on_demand_option
 
 __all__ = [
     "CLAIM_UID_ENV",

@@ -1,8 +1,8 @@
 """The partition manager the agent uses: one per backend, picked by the node's own backend.
 
-`build()` makes the composite of the sim, MIG (nvml) and vNPU (ascend) managers. Partitions are
-made by the manager that `supports()` the agent's `--backend`, the one the preparer checked
-against; removal and listing go to every manager, each of which knows only
+`build()` makes the composite of every registered vendor's manager (`Vendor.partitions`).
+Partitions are made by the manager that `supports()` the agent's `--backend`, the one the
+preparer checked against; removal and listing go to every manager, each of which knows only
 the partitions its own state file records. The hardware managers load NVML or run npu-smi at
 their first partition, so an agent that never makes one never touches either.
 """
@@ -14,13 +14,10 @@ from collections.abc import Callable, Sequence
 import structlog
 
 from services.allocation.config import AllocationConfig
-from services.allocation.partitions import Partition, PartitionManager
-from services.allocation.partitions.mig import MigPartitionManager
-from services.allocation.partitions.nvidia_caps import CapsNodes
-from services.allocation.partitions.sim import SimPartitionManager
-from services.allocation.partitions.vnpu import VnpuPartitionManager
 from shared.errors import ClaimError
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors import registry
+from shared.vendors.parts.partitions import Partition, PartitionManager
 
 __all__ = ["CompositePartitionManager", "build"]
 
@@ -98,18 +95,9 @@ class CompositePartitionManager:
 
 
 def build(config: AllocationConfig) -> CompositePartitionManager:
-    """The agent's partition manager: sim, MIG and vNPU, over the plugin data dir; partitions
+    """The agent's partition manager: every vendor's, over the plugin data dir; partitions
     are made by the manager of the node's own backend (`--backend`)."""
-    timeout_s = config.partition_timeout_s
     return CompositePartitionManager(
-        [
-            SimPartitionManager(config.partition_state_path),
-            MigPartitionManager(
-                config.mig_partition_state_path, caps_nodes=CapsNodes(), timeout_s=timeout_s
-            ),
-            VnpuPartitionManager(
-                config.vnpu_partition_state_path, npu_smi=config.npu_smi_path, timeout_s=timeout_s
-            ),
-        ],
+        [vendor.partitions(config) for vendor in registry.BACKENDS.values()],
         backend=lambda: config.backend,
     )

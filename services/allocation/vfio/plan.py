@@ -24,9 +24,9 @@ from services.allocation.claim import opaque
 from services.allocation.claim.checkpoint import PreparedVfio
 from services.allocation.claim.claims import DeviceResult
 from services.allocation.claim.config_schema import PASSTHROUGH_VFIO, Strategy
-from services.allocation.partitions import ON_DEMAND
 from shared.errors import DeviceNotAllocatableError, InvalidOpaqueConfigError
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors.parts.partitions import ON_DEMAND
 from shared.vfio import pci
 
 __all__ = [

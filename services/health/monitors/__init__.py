@@ -1,85 +1,35 @@
-"""Device monitors: the `DeviceMonitor` seam and `load()` that picks one by name.
+"""Device monitors: `load()` makes the one the node's `--monitor` names.
 
-A monitor reports the complete current view of the node's devices (`Observations`) to a
-sink, once its device list is known and after every change. It never judges health: the
-policy does (a monitor may be told which faults the policy ignores, so that an ignored one
-never hides a real one). Monitors: `sim`, `nvml`, `ascend`. The agent runs the monitor under
-`watchdog.Watchdog`; `fake.FakeMonitor` is the seam's test double. `nvml_faults` and
-`npu_faults` turn vendor events and codes into faults.
+The seam (`DeviceMonitor`, `MonitorRequest`) is `shared.vendors.parts.health`; each monitor is
+its vendor package's, reached through `shared.vendors.registry`. The agent runs the monitor
+under `watchdog.Watchdog`; `fake.FakeMonitor` is the seam's test double.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
-from services.health.observation import Fault, Observations
 from shared.bus.connection import Bus
 from shared.errors import BackendLoadError
 from shared.sim.profile import SimFault
+from shared.vendors import registry
+from shared.vendors.parts.health import (
+    AscendOptions,
+    DeviceMonitor,
+    MonitorRequest,
+    NvmlOptions,
+)
+from shared.vendors.parts.observation import Fault
 
 if TYPE_CHECKING:
-    from services.health.monitors.nvml_events import NVMLEvents
+    from shared.vendors.nvidia.nvml_events import NVMLEvents
 
-__all__ = [
-    "FACTORIES",
-    "AscendOptions",
-    "DeviceMonitor",
-    "MonitorRequest",
-    "NvmlOptions",
-    "ObservationSink",
-    "load",
-]
-
-ObservationSink = Callable[[Observations], None]
-"""Receives each new complete view; must not block (it only stores and wakes)."""
-
-
-class DeviceMonitor(Protocol):
-    """Watches a node's devices."""
-
-    async def run(self, sink: ObservationSink) -> None:
-        """Eternal: call `sink` with the full view whenever any device's observation changes."""
-        ...
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AscendOptions:
-    npu_smi: str = "npu-smi"
-    timeout_s: float = 10.0
-    poll_s: float = 5.0
-    isolate_unknown: bool = True
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NvmlOptions:
-    wait_ms: int = 5000
-    """Timeout of one NVML event wait (NVIDIA's plugins use 5000 ms)."""
-    counters_s: float = 30.0
-    """Period of the ECC, row-remap and page-retirement counter reads."""
-    call_timeout_s: float = 10.0
-    """An NVML call stuck longer (beyond the wait itself) counts as a monitor failure."""
+__all__ = ["load"]
 
 
 def _never(_: Fault) -> bool:
     return False
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MonitorRequest:
-    """What `load` was given, for the monitor factories."""
-
-    bus: Bus
-    driver: str
-    node: str
-    faults: Iterable[SimFault]
-    refresh_s: float
-    ascend_options: AscendOptions
-    nvml_options: NvmlOptions
-    nvml_library: NVMLEvents | None
-    ignored: Callable[[Fault], bool]
-    mig_partition: Callable[[str, int, int], str | None] | None
 
 
 def load(
@@ -103,10 +53,10 @@ def load(
     `mig_partition`: the inventory's MIG partition of (GPU, GI profile ID, placement start),
     so that the nvml monitor gives a MIG instance's XID to that partition alone.
     """
-    factory = FACTORIES.get(name)
-    if factory is None:
+    vendor = registry.BACKENDS.get(name)
+    if vendor is None:
         raise BackendLoadError(f"monitor {name}: unknown monitor", backend=name)
-    return factory(
+    return vendor.monitor(
         MonitorRequest(
             bus=bus,
             driver=driver,
@@ -120,49 +70,3 @@ def load(
             mig_partition=mig_partition,
         )
     )
-
-
-def _sim(request: MonitorRequest) -> DeviceMonitor:
-    from services.health.monitors import sim
-
-    return sim.SimMonitor(
-        request.bus,
-        driver=request.driver,
-        node=request.node,
-        faults=request.faults,
-        refresh_s=request.refresh_s,
-    )
-
-
-def _ascend(request: MonitorRequest) -> DeviceMonitor:
-    from services.health.monitors import ascend as ascend_monitor
-
-    options = request.ascend_options
-    return ascend_monitor.AscendMonitor(
-        pool=request.node,
-        npu_smi=options.npu_smi,
-        timeout_s=options.timeout_s,
-        poll_s=options.poll_s,
-        isolate_unknown=options.isolate_unknown,
-    )
-
-
-def _nvml(request: MonitorRequest) -> DeviceMonitor:
-    from services.health.monitors import nvml, nvml_events
-
-    return nvml.NvmlMonitor.open(
-        request.nvml_library or nvml_events.open_library(),
-        pool=request.node,
-        options=request.nvml_options,
-        refresh_s=request.refresh_s,
-        ignored=request.ignored,
-        mig_partition=request.mig_partition,
-    )
-
-
-FACTORIES: Mapping[str, Callable[[MonitorRequest], DeviceMonitor]] = {
-    "sim": _sim,
-    "nvml": _nvml,
-    "ascend": _ascend,
-}
-"""The health monitor per `--monitor` name (`shared/vendors/registry.py` names them all)."""

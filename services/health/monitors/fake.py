@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable, Mapping
 
-from services.health.monitors import ObservationSink
-from services.health.observation import Fault, Observation, Observations
+from shared.vendors.parts.health import ObservationSink
+from shared.vendors.parts.observation import Fault, Observation, Observations
 
 __all__ = ["FakeMonitor"]
 

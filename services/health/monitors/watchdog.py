@@ -14,10 +14,10 @@ from collections.abc import Callable
 
 import structlog
 
-from services.health.monitors import DeviceMonitor, ObservationSink
-from services.health.observation import Fault, Observation, Observations
 from services.health.policy import UNMONITORED
 from shared.backoff import Backoff
+from shared.vendors.parts.health import DeviceMonitor, ObservationSink
+from shared.vendors.parts.observation import Fault, Observation, Observations
 
 __all__ = ["Watchdog", "unmonitored"]
 

@@ -30,12 +30,13 @@ from services.allocation.claim.checkpoint import CheckpointStore
 from services.allocation.cli import CRASH_AT_ENV
 from services.allocation.config import AllocationConfig
 from services.allocation.dra.agent import AllocationAgent
-from services.discovery.backends.sim import SimBackend
 from shared.bus import codec
 from shared.bus.connection import Bus
 from shared.config import KubeSettings, NATSSettings
 from shared.pb.drasuite.v1 import health_pb2, inventory_pb2
 from shared.supervisor import run_agent
+from shared.vendors import sim
+from shared.vendors.sim.discovery import SimBackend
 
 DRIVER = "sim.dra-suite.io"
 NODE = "node-a"
@@ -140,7 +141,7 @@ class PluginNode:
 
     def partitions(self) -> list[dict[str, Any]]:
         """The sim partition state file's entries, as on disk."""
-        path = self.config.partition_state_path
+        path = self.config.data_dir / sim.STATE_FILE
         if not path.exists():
             return []
         entries: list[dict[str, Any]] = json.loads(path.read_text())["partitions"]

@@ -19,12 +19,12 @@ from devcluster.deviceplugin_kubelet import DevicePluginKubelet
 from services.allocation.config import AllocationConfig
 from services.allocation.deviceplugin import container_devices
 from services.allocation.deviceplugin.agent import DevicePluginAgent
-from services.discovery.backends.sim import SimBackend
 from shared.bus import codec
 from shared.bus.connection import Bus
 from shared.config import NATSSettings
 from shared.pb.drasuite.v1 import health_pb2, inventory_pb2
 from shared.supervisor import run_agent
+from shared.vendors.sim.discovery import SimBackend
 
 DRIVER = "sim.dra-suite.io"
 NODE = "node-a"

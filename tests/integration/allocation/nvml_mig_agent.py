@@ -18,9 +18,10 @@ from pathlib import Path
 from services.allocation import cli
 from services.allocation.dra.agent import AllocationAgent
 from services.allocation.partitions.by_backend import CompositePartitionManager
-from services.allocation.partitions.mig import MigPartitionManager
 from shared import logging
 from shared.supervisor import run_process
+from shared.vendors import nvidia
+from shared.vendors.nvidia.partitions import MigPartitionManager
 from tests.fakes.nvml_mig import FakeMigNVML
 
 __all__ = ["CAPABILITIES_ENV", "COUNT", "MODEL", "STATE_ENV", "main"]
@@ -40,7 +41,7 @@ def main() -> None:
     )
     agent = AllocationAgent(config)
     manager = MigPartitionManager(
-        config.mig_partition_state_path, open_library=lambda: nvml, capabilities_root=caps
+        config.data_dir / nvidia.STATE_FILE, open_library=lambda: nvml, capabilities_root=caps
     )
     agent.partitions = CompositePartitionManager([manager], backend=lambda: config.backend)
     sys.exit(asyncio.run(run_process(agent, grace_s=10.0)))

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from services.allocation.cdi import spec_files
+from shared.vendors import sim
 
 pytestmark = pytest.mark.integration
 
@@ -67,7 +68,7 @@ async def test_modes_of_sockets_checkpoint_inventory_and_cdi_specs(plugin_node, 
             assert _mode(config.checkpoint_dir / f"{claim.uid}.json") == 0o600
             assert _mode(config.cdi_root / spec_files.spec_file_name(DRIVER, claim.uid)) == 0o644
         assert _mode(config.inventory_path) == 0o600
-        assert _mode(config.partition_state_path) == 0o600
+        assert _mode(config.data_dir / sim.STATE_FILE) == 0o600
         assert _mode(config.cdi_root) == 0o755
 
         writable = [

@@ -19,13 +19,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from devcluster.deviceplugin_kubelet import KubeletDeviceError
 from services.allocation.deviceplugin.agent import DevicePluginAgent
 from services.allocation.dra.agent import AllocationAgent
-from services.discovery.backends.sim import SimBackend
 from shared import metrics
 from shared.bus.connection import Bus
 from shared.config import NATSSettings
 from shared.errors import ConfigError
 from shared.pb.drasuite.v1 import health_pb2, inventory_pb2
 from shared.supervisor import run_agent
+from shared.vendors.sim.discovery import SimBackend
 from tests.integration.allocation.deviceplugin_node import GPU, NPU, DevicePluginNode
 
 pytestmark = pytest.mark.timeout(60)

@@ -26,12 +26,12 @@ import yaml
 from devcluster import scheduler
 from services.allocation.deviceplugin.agent import DevicePluginAgent
 from services.discovery import inventory, slices
-from services.discovery.backends.sim import SimBackend
 from services.dractl.explain_manifest import read_manifest
 from shared.bus import codec
 from shared.bus.connection import Bus
 from shared.config import NATSSettings
 from shared.supervisor import run_agent
+from shared.vendors.sim.discovery import SimBackend
 from tests.integration.allocation.deviceplugin_node import DRIVER, NPU, DevicePluginNode
 
 pytestmark = pytest.mark.timeout(60)

@@ -27,10 +27,11 @@ from devcluster.kubelet import KubeletClaim, KubeletEmulator, KubeletError
 from devcluster.processes import ChildProcess
 from services.allocation.claim.checkpoint import ClaimState
 from services.discovery import inventory, slices
-from services.discovery.backends import nvml
-from services.discovery.backends.sysfs import Sysfs
 from shared.bus import codec
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors import nvidia
+from shared.vendors.nvidia import discovery as nvml
+from shared.vendors.parts.sysfs import Sysfs
 from tests.fakes.nvml import FakeGpuInstance, FakeNVML
 from tests.fakes.nvml_mig import cap_minor, read_state
 from tests.integration.allocation import nvml_mig_agent
@@ -70,7 +71,7 @@ class MigNode:
         return {i: gis for i, gis in read_state(self.state).items() if gis}
 
     def ledger(self) -> list[dict[str, Any]]:
-        path = self.plugin.config.mig_partition_state_path
+        path = self.plugin.config.data_dir / nvidia.STATE_FILE
         entries: list[dict[str, Any]] = json.loads(path.read_text())["partitions"]
         return entries
 

@@ -20,13 +20,13 @@ from devcluster import scheduler
 from devcluster.apiserver import APIServerEmulator, ClusterConfig
 from devcluster.natsserver import NATSServerProcess
 from services.discovery.agent import DiscoveryAgent
-from services.discovery.backends import sim
 from services.discovery.config import DiscoveryConfig
 from shared.bus import codec
 from shared.bus.connection import Bus
 from shared.config import KubeSettings, NATSSettings
 from shared.pb.drasuite.v1 import health_pb2
 from shared.sim.profile import SimDevice
+from shared.vendors.sim import discovery as sim
 from tests.integration.discovery.agent_runner import eventually, running
 
 pytestmark = pytest.mark.integration

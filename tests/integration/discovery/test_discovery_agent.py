@@ -18,7 +18,6 @@ import pytest
 from devcluster.apiserver import APIServerEmulator
 from devcluster.natsserver import NATSServerProcess
 from services.discovery.agent import DiscoveryAgent
-from services.discovery.backends import sim
 from services.discovery.config import DiscoveryConfig
 from shared.bus import codec
 from shared.bus.connection import Bus
@@ -27,6 +26,7 @@ from shared.errors import BusUnavailableError
 from shared.pb.drasuite.v1 import inventory_pb2
 from shared.sim.profile import SimDevice
 from shared.supervisor import run_agent
+from shared.vendors.sim import discovery as sim
 
 pytestmark = pytest.mark.integration
 

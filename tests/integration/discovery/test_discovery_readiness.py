@@ -13,7 +13,6 @@ import pytest
 from devcluster import flow
 from devcluster.apiserver import APIServerEmulator
 from services.discovery.agent import DiscoveryAgent
-from services.discovery.backends import sim
 from services.discovery.config import DiscoveryConfig
 from shared.bus import codec
 from shared.bus.connection import Bus
@@ -21,6 +20,7 @@ from shared.config import KubeSettings, NATSSettings, OpsSettings
 from shared.pb.drasuite.v1 import inventory_pb2
 from shared.sim.profile import SimDevice
 from shared.supervisor import run_agent
+from shared.vendors.sim import discovery as sim
 
 pytestmark = pytest.mark.integration
 

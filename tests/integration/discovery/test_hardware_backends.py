@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 
 from devcluster.apiserver import APIServerEmulator, ClusterConfig
-from services.discovery import backends, cli
+from services.discovery import cli
 from services.discovery.agent import DiscoveryAgent
 from services.discovery.config import DiscoveryConfig
 from shared import metrics
 from shared.config import KubeSettings, NATSSettings
+from shared.vendors.parts.discovery import BackendSeams
 from tests.fakes.npusmi import FakeNpuSmi
 from tests.fakes.nvml import FakeNVML
 from tests.fakes.sysfs import add_pci_device
@@ -76,7 +77,7 @@ async def test_an_h100_node_with_mig_partitions_is_accepted_whole(
     argv = ["--backend", "nvml", "--driver-name", "gpu.dra-suite.io", "--sysfs-root", str(tmp_path)]
     argv += ["--mig-profiles", "1g.10gb,2g.20gb,3g.40gb,7g.80gb"]
     config = configure(argv, nats_settings, kube_settings)
-    seams = backends.BackendSeams(nvml=fake)
+    seams = BackendSeams(nvml=fake)
     async with running(DiscoveryAgent(config, seams=seams)):
         slices = await eventually(lambda: pool(kube, driver="gpu.dra-suite.io"))
     counter_slices = [s for s in slices if s["spec"].get("sharedCounters")]
@@ -105,7 +106,7 @@ async def test_nvml_polling_rewrites_nothing_while_the_gpus_stay_the_same(
     argv = ["--backend", "nvml", "--backend-poll-s", "0.1", "--mig-profiles", "1g.10gb"]
     config = configure(argv, nats_settings, kube_settings)
     fake = FakeNVML.node("H100-80GB", count=2)
-    async with running(DiscoveryAgent(config, seams=backends.BackendSeams(nvml=fake))):
+    async with running(DiscoveryAgent(config, seams=BackendSeams(nvml=fake))):
         await eventually(lambda: pool(kube, driver="sim.dra-suite.io"))
         writes = len(kube.request_log.writes("resourceslices"))
         calls = fake.calls
@@ -120,7 +121,7 @@ async def test_a_gpu_node_without_partitions_is_accepted_on_1_34(
 ):
     config = configure(["--backend", "nvml"], nats_settings, kube_settings)
     fake = FakeNVML.node("A100-80GB", count=4, nvlink="pairs")
-    async with running(DiscoveryAgent(config, seams=backends.BackendSeams(nvml=fake))):
+    async with running(DiscoveryAgent(config, seams=BackendSeams(nvml=fake))):
         slices = await eventually(lambda: pool(kube, driver="sim.dra-suite.io"))
     devices = devices_of(slices)
     assert sorted(devices) == [f"gpu-{i}" for i in range(4)]
@@ -141,7 +142,7 @@ async def test_an_ascend_node_is_published_with_the_sim_attributes(
     fake = FakeNpuSmi.from_fixtures("910b3-8npu.txt", "910b3-topo-published.txt")
     argv = ["--backend", "ascend", "--sysfs-root", str(tmp_path), "--npu-smi-path", "/x/npu-smi"]
     config = configure(argv, nats_settings, kube_settings)
-    async with running(DiscoveryAgent(config, seams=backends.BackendSeams(run_command=fake))):
+    async with running(DiscoveryAgent(config, seams=BackendSeams(run_command=fake))):
         slices = await eventually(lambda: pool(kube, driver="sim.dra-suite.io"))
     devices = devices_of(slices)
     assert sorted(devices) == [f"npu-{i}" for i in range(8)]
@@ -169,7 +170,7 @@ async def test_npu_smi_garbage_raises_one_warning_keeps_the_devices_and_recovery
     fake = FakeNpuSmi.from_fixtures("910b3-8npu.txt", "910b3-topo-published.txt")
     argv = ["--backend", "ascend", "--backend-poll-s", "0.05", "--sysfs-root", "/nonexistent"]
     config = configure(argv, nats_settings, kube_settings)
-    async with running(DiscoveryAgent(config, seams=backends.BackendSeams(run_command=fake))):
+    async with running(DiscoveryAgent(config, seams=BackendSeams(run_command=fake))):
         published = await eventually(lambda: pool(kube, driver="sim.dra-suite.io"))
         writes = len(kube.request_log.writes("resourceslices"))
         fake.use(info="garbage.txt", topo="910b3-topo-published.txt")

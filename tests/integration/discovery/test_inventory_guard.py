@@ -14,7 +14,6 @@ import structlog
 
 from devcluster.apiserver import APIServerEmulator
 from services.discovery.agent import DiscoveryAgent
-from services.discovery.backends import sim
 from services.discovery.config import DiscoveryConfig
 from shared import metrics
 from shared.bus import codec
@@ -22,6 +21,7 @@ from shared.bus.connection import Bus
 from shared.config import KubeSettings, NATSSettings
 from shared.errors import MalformedMessageError
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors.sim import discovery as sim
 from tests.integration.discovery.agent_runner import running
 
 pytestmark = pytest.mark.integration

@@ -21,13 +21,13 @@ import pytest
 
 from devcluster.apiserver import APIServerEmulator
 from services.discovery.agent import DiscoveryAgent
-from services.discovery.backends import sim
 from services.discovery.config import DiscoveryConfig
 from shared.config import KubeSettings, NATSSettings
 from shared.kube import watch
 from shared.kube.client import KubeClient, WatchEvent
 from shared.kube.resources import RESOURCE_SLICES
 from shared.sim.profile import SimDevice
+from shared.vendors.sim import discovery as sim
 from tests.integration.discovery.agent_runner import eventually, running
 
 pytestmark = pytest.mark.integration

@@ -15,7 +15,6 @@ import pytest
 
 from devcluster.apiserver import APIServerEmulator
 from services.discovery import apirules, inventory, layout
-from services.discovery.backends import sim
 from services.discovery.reconciler import DEVICES_DROPPED, SliceReconciler
 from services.discovery.scanner import DeviceScanner
 from shared import metrics
@@ -23,6 +22,7 @@ from shared.backoff import Backoff
 from shared.config import KubeSettings
 from shared.kube.client import KubeClient
 from shared.sim.profile import SimDevice
+from shared.vendors.sim import discovery as sim
 from tests.integration.discovery.agent_runner import eventually
 
 pytestmark = pytest.mark.integration

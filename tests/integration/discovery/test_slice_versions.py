@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 
 from devcluster.apiserver import APIServerEmulator, ClusterConfig
-from services.discovery import backends, cli
+from services.discovery import cli
 from services.discovery.agent import DiscoveryAgent
 from shared.config import KubeSettings, NATSSettings
+from shared.vendors.parts.discovery import BackendSeams
 from tests.fakes.nvml import FakeNVML
 from tests.integration.discovery.agent_runner import eventually, running
 
@@ -79,7 +80,7 @@ def h100_agent(
     config = dataclasses.replace(config, nats=nats_settings, kube=kube_settings)
 
     def make() -> DiscoveryAgent:
-        return DiscoveryAgent(config, seams=backends.BackendSeams(nvml=fake))
+        return DiscoveryAgent(config, seams=BackendSeams(nvml=fake))
 
     return make
 

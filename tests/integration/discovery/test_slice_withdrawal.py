@@ -15,11 +15,11 @@ import pytest
 from devcluster.apiserver import APIServerEmulator
 from services.discovery import cli as discovery_cli
 from services.discovery.agent import DiscoveryAgent
-from services.discovery.backends import sim
 from services.discovery.config import DiscoveryConfig
 from shared.bus.connection import Bus
 from shared.config import KubeSettings, NATSSettings
 from shared.errors import ConfigError
+from shared.vendors.sim import discovery as sim
 from tests.integration.discovery.test_discovery_agent import (
     DRIVER,
     NODE,

@@ -17,7 +17,6 @@ import pytest
 
 from devcluster.apiserver import APIServerEmulator
 from services.discovery.agent import DiscoveryAgent
-from services.discovery.backends import sim
 from services.discovery.config import DiscoveryConfig
 from services.dractl import queries
 from shared.bus import codec, streams
@@ -25,6 +24,7 @@ from shared.bus.connection import Bus
 from shared.config import KubeSettings, NATSSettings
 from shared.errors import MalformedMessageError
 from shared.pb.drasuite.v1 import alert_pb2, health_pb2, inventory_pb2
+from shared.vendors.sim import discovery as sim
 from tests.integration.discovery.agent_runner import running
 from tests.integration.fuzz.fuzzing import Logs, until
 

@@ -17,10 +17,10 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from services.health.agent import HealthAgent
-from services.health.monitors.sim import SimMonitor
 from shared.bus import codec, origin, streams
 from shared.errors import BusUnavailableError
 from shared.pb.drasuite.v1 import alert_pb2, health_pb2, inventory_pb2
+from shared.vendors.sim.monitor import SimMonitor
 from tests.integration.fuzz.fuzzing import Logs, fuzz_settings, garbage_bytes, until
 from tests.integration.health.conftest import HealthHarness
 

@@ -19,8 +19,6 @@ from devcluster.apiserver import APIServerEmulator
 from services.health import taints
 from services.health.agent import HealthAgent
 from services.health.config import HealthConfig
-from services.health.monitors import DeviceMonitor
-from services.health.monitors.nvml_events import NVMLEvents
 from services.health.policy import Taint
 from shared.bus import codec
 from shared.bus.connection import Bus
@@ -28,6 +26,8 @@ from shared.config import KubeSettings, NATSSettings
 from shared.errors import BusUnavailableError, MalformedMessageError
 from shared.pb.drasuite.v1 import claim_pb2, health_pb2, inventory_pb2
 from shared.supervisor import run_agent
+from shared.vendors.nvidia.nvml_events import NVMLEvents
+from shared.vendors.parts.health import DeviceMonitor
 
 T = TypeVar("T")
 

@@ -16,10 +16,10 @@ from aiohttp import web
 
 from services.health.config import HealthConfig
 from services.health.monitors.fake import FakeMonitor
-from services.health.observation import Fault
 from services.health.webhook import WebhookNotifier, postable_alert
 from shared.errors import ConfigError
 from shared.pb.drasuite.v1 import alert_pb2
+from shared.vendors.parts.observation import Fault
 
 pytestmark = pytest.mark.integration
 

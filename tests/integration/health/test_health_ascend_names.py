@@ -14,9 +14,9 @@ from collections.abc import Sequence
 
 import pytest
 
-from services.health.monitors.ascend import AscendMonitor
 from services.health.monitors.fake import FakeMonitor
-from services.health.observation import Fault
+from shared.vendors.ascend.monitor import AscendMonitor
+from shared.vendors.parts.observation import Fault
 from tests.fakes.npusmi import FIXTURES
 
 pytestmark = pytest.mark.integration

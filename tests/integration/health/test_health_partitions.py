@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from services.health.monitors.nvml import NvmlMonitor
-from services.health.observation import Fault
 from services.health.rules import classify, default_rules
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors.nvidia.monitor import NvmlMonitor
+from shared.vendors.parts.observation import Fault
 from tests.fakes.nvml_events import FakeNVMLEvents
 
 pytestmark = pytest.mark.integration

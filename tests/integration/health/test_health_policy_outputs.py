@@ -13,7 +13,7 @@ import pytest
 from services.dractl import queries
 from services.dractl.queries import CommandError
 from services.health.monitors.fake import FakeMonitor
-from services.health.observation import Fault
+from shared.vendors.parts.observation import Fault
 
 pytestmark = pytest.mark.integration
 

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from devcluster.natsserver import NATSServerProcess
-from services.health.monitors.sim import SimMonitor
 from services.health.policy import Taint
 from shared.config import NATSSettings
+from shared.vendors.sim.monitor import SimMonitor
 
 pytestmark = pytest.mark.integration
 

@@ -12,9 +12,9 @@ import pytest
 
 from services.dractl import queries
 from services.health.monitors.fake import FakeMonitor
-from services.health.observation import Fault
 from services.health.policy import Taint
 from shared.pb.drasuite.v1 import health_pb2
+from shared.vendors.parts.observation import Fault
 
 pytestmark = pytest.mark.integration
 

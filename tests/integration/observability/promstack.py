@@ -137,6 +137,8 @@ class Prometheus:
     alertmanager: str = ""
     """host:port of an Alertmanager to send the alerts to; empty: none."""
     interval_s: float = 1.0
+    flags: tuple[str, ...] = ()
+    """More command-line flags, e.g. `--enable-feature=exemplar-storage`."""
     port: int = 0
     process: ChildProcess | None = None
 
@@ -179,6 +181,7 @@ class Prometheus:
                 f"--storage.tsdb.path={self.workdir / 'data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}",
                 "--rules.alert.resend-delay=1s",
+                *self.flags,
             ],
             log_path=self.workdir / "prometheus.log",
             capture_stdout=False,
@@ -202,6 +205,15 @@ class Prometheus:
         data = body["data"]
         assert data["resultType"] == "vector", (expr, data["resultType"])
         result: list[dict[str, Any]] = data["result"]
+        return result
+
+    async def exemplars(self, expr: str, *, since_s: float = 600.0) -> list[dict[str, Any]]:
+        """`/api/v1/query_exemplars` of `expr` over the last `since_s` (each item: the
+        `seriesLabels` and its `exemplars`, each with `labels`, `value`, `timestamp`)."""
+        now = time.time()
+        params = {"query": expr, "start": f"{now - since_s:.3f}", "end": f"{now + 60:.3f}"}
+        body = await _get_json(f"{self.url}/api/v1/query_exemplars", params)
+        result: list[dict[str, Any]] = body["data"]
         return result
 
     async def label_values(self, label: str, match: str) -> list[str]:

@@ -6,7 +6,9 @@ deploy/compose/grafana/dashboards/dra-suite.json, with `$node` as Grafana's "All
 node's name, must return series: those that need no event (NATS reconnects, API-server errors,
 alerts, devices, slice writes, claims) from the start, the rest once a claim was prepared and
 unprepared and a device faulted. The `node` variable's query finds the node; the device-health
-labels the dashboard names are those the health agent exports.
+labels the dashboard names are those the health agent exports. Prometheus stores exemplars
+(`--enable-feature=exemplar-storage`, as in the compose stack): each target that shows them
+finds them once the prepares ran (every agent traces, exported or not).
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ async def prometheus(
         binaries.prometheus,
         short_tmp / "prometheus",
         targets=[f"127.0.0.1:{stack.ops_port(agent)}" for agent in AGENTS],
+        flags=("--enable-feature=exemplar-storage",),
     )
     try:
         await server.start()
@@ -176,3 +179,11 @@ async def test_every_dashboard_query_returns_series_from_the_live_agents(
 
     (p50,) = await prometheus.query(queries[0][1].replace("$node", ".*"))
     assert float(p50["value"][1]) > 0, "two prepares a few scrapes apart give a latency"
+
+    # What Grafana asks for a target that shows exemplars: its expression's exemplars.
+    with_exemplars = [t["expr"] for p in _panels() for t in p["targets"] if t.get("exemplar")]
+    assert with_exemplars
+    for expr in with_exemplars:
+        for node in (".*", NODE):
+            found = await prometheus.exemplars(expr.replace("$node", node))
+            assert [e for series in found for e in series["exemplars"]], (expr, node)

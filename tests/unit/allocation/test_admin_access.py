@@ -37,9 +37,9 @@ from services.allocation.claim.claims import (
 from services.allocation.dra import planning
 from services.allocation.dra.preparer import ClaimPreparer
 from services.allocation.mps import layout
-from services.allocation.partitions.sim import SimPartitionManager
 from shared.errors import ClaimError, DeviceNotAllocatableError, InvalidOpaqueConfigError
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors.sim.partitions import SimPartitionManager
 from tests.fakes import mps_control
 from tests.fakes.allocation_sources import FakeInventory
 from tests.unit.allocation.test_mps_daemons import GPU

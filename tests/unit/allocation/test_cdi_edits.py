@@ -13,11 +13,11 @@ from services.allocation.cdi import spec_files
 from services.allocation.cdi.edits import DeviceUse, claim_edits
 from services.allocation.cdi.schema_check import schema_problems
 from services.allocation.claim.opaque import DeviceConfig, Strategy
-from services.allocation.partitions import Partition
-from services.discovery.backends import nvml
 from shared.errors import ClaimError
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors.nvidia import discovery as nvml
 from shared.vendors.nvidia.mig import H100_80GB, GpuInstance, MigDevice, Placement
+from shared.vendors.parts.partitions import Partition
 
 DRIVER = "sim.dra-suite.io"
 UID = "3f1b2c4d-0000-4000-8000-00000000abcd"

@@ -9,8 +9,8 @@ from services.allocation.cdi import spec_files
 from services.allocation.cdi.allowlist import ForbiddenEditError
 from services.allocation.deviceplugin import container_devices, resources
 from services.allocation.resource_names import parse_overrides
-from services.discovery.backends.sim import SimBackend
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors.sim.discovery import SimBackend
 
 SIM = "sim.dra-suite.io"
 

@@ -14,9 +14,9 @@ from services.allocation.cdi.allowlist import DeviceEdits, ForbiddenEditError
 from services.allocation.cdi.edits import DeviceUse, claim_edits
 from services.allocation.claim import opaque
 from services.allocation.claim.opaque import DeviceConfig, Strategy
-from services.allocation.partitions import Partition
 from shared.errors import ClaimError
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors.parts.partitions import Partition
 
 UID = "3f1b2c4d-0000-4000-8000-00000000abcd"
 

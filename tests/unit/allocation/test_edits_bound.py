@@ -19,9 +19,9 @@ from services.allocation.cdi import allowlist, edits, spec_files
 from services.allocation.cdi.allowlist import DeviceEdits, ForbiddenEditError
 from services.allocation.cdi.edits import DeviceUse, claim_edits
 from services.allocation.config import BACKENDS
-from services.allocation.partitions import Partition
 from shared.errors import ClaimError
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors.parts.partitions import Partition
 
 UID = "3f1b2c4d-0000-4000-8000-00000000abcd"
 GPU_UUID = "GPU-9d11c4e2-e840-51ed-b15f-0be7ae073686"

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from services.allocation.partitions.mig import MigPartitionManager
-from services.allocation.partitions.mig_nvml import ERROR_IN_USE
 from shared.errors import BackendLoadError, ClaimError, InvalidOpaqueConfigError
 from shared.nvml import NVMLCallError
 from shared.pb.drasuite.v1 import inventory_pb2
 from shared.vendors.nvidia.mig import Placement
+from shared.vendors.nvidia.mig_nvml import ERROR_IN_USE
+from shared.vendors.nvidia.partitions import MigPartitionManager
 from tests.fakes.nvml_mig import Crash, FakeMigNVML, cap_minor
 
 CLAIM_A = "aaaaaaaa-0000-4000-8000-000000000001"

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from services.allocation.partitions.mig import MigPartitionManager
-from services.allocation.partitions.nvidia_caps import CapsNodeError, CapsNodes
 from shared.errors import ClaimError
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors.nvidia.caps import CapsNodeError, CapsNodes
+from shared.vendors.nvidia.partitions import MigPartitionManager
 from tests.fakes.nvml_mig import FakeMigNVML, cap_minor
 
 PROC_DEVICES = """Character devices:

@@ -19,16 +19,16 @@ from services.allocation.cdi.spec_files import CDIWriter
 from services.allocation.claim.checkpoint import CheckpointStore, ClaimState, PreparedPartition
 from services.allocation.claim.claims import ClaimReader, ClaimRef
 from services.allocation.dra.preparer import ClaimPreparer
-from services.allocation.partitions import PartitionManager, on_demand_option
 from services.allocation.partitions.by_backend import CompositePartitionManager
-from services.allocation.partitions.mig import MigPartitionManager
-from services.allocation.partitions.sim import SimPartitionManager
-from services.discovery.backends import nvml as nvml_backend
-from services.discovery.backends import sim
-from services.discovery.backends.sysfs import Sysfs
 from shared.errors import ClaimError, ClaimUIDMismatchError, InvalidOpaqueConfigError
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors.nvidia import discovery as nvml_backend
 from shared.vendors.nvidia.mig import Placement
+from shared.vendors.nvidia.partitions import MigPartitionManager
+from shared.vendors.parts.partitions import PartitionManager, on_demand_option
+from shared.vendors.parts.sysfs import Sysfs
+from shared.vendors.sim import discovery as sim
+from shared.vendors.sim.partitions import SimPartitionManager
 from tests.fakes.allocation_sources import FakeInventory
 from tests.fakes.nvml_mig import FakeMigNVML
 

@@ -20,11 +20,11 @@ from services.allocation.config import AllocationConfig
 from services.allocation.dra.preparer import ClaimPreparer
 from services.allocation.partitions import by_backend
 from services.allocation.partitions.by_backend import CompositePartitionManager
-from services.allocation.partitions.mig import MigPartitionManager
-from services.allocation.partitions.sim import SimPartitionManager
-from services.allocation.partitions.vnpu import VnpuPartitionManager
 from shared.errors import ClaimError, ConfigError
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors.ascend.partitions import VnpuPartitionManager
+from shared.vendors.nvidia.partitions import MigPartitionManager
+from shared.vendors.sim.partitions import SimPartitionManager
 from tests.fakes.allocation_sources import FakeInventory
 from tests.fakes.npusmi_vnpu import FakeVnpuNpuSmi
 from tests.fakes.nvml_mig import FakeMigNVML, cap_minor

@@ -19,10 +19,10 @@ from services.allocation.claim.checkpoint import CheckpointStore, ClaimState
 from services.allocation.claim.claims import ClaimReader, ClaimRef
 from services.allocation.dra.preparer import ClaimPreparer
 from services.allocation.dra.service import DRAService
-from services.allocation.partitions.sim import SimPartitionManager
 from shared.errors import ClaimError, InvalidOpaqueConfigError
 from shared.pb.drasuite.v1 import inventory_pb2
 from shared.pb.kubelet.dra.v1 import api_pb2 as v1
+from shared.vendors.sim.partitions import SimPartitionManager
 from tests.fakes.allocation_sources import FakeInventory
 
 DRIVER = "sim.dra-suite.io"

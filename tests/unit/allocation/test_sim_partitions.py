@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from services.allocation.partitions.sim import SimPartitionManager
 from shared.errors import ClaimError, InvalidOpaqueConfigError
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors.sim.partitions import SimPartitionManager
 
 CLAIM_A = "aaaaaaaa-0000-4000-8000-000000000001"
 CLAIM_B = "bbbbbbbb-0000-4000-8000-000000000002"

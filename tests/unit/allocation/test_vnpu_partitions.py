@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from services.allocation.partitions.vnpu import VnpuPartitionManager
 from shared.errors import ClaimError, InvalidOpaqueConfigError
 from shared.pb.drasuite.v1 import inventory_pb2
 from shared.vendors.ascend import npusmi
 from shared.vendors.ascend.npusmi import NpuSmiError
+from shared.vendors.ascend.partitions import VnpuPartitionManager
 from tests.fakes.npusmi_vnpu import Crash, FakeChip, FakeVnpuNpuSmi, install
 
 CLAIM_A = "aaaaaaaa-0000-4000-8000-000000000001"

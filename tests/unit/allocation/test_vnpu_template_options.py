@@ -18,13 +18,13 @@ from services.allocation.cdi.spec_files import CDIWriter
 from services.allocation.claim.checkpoint import CheckpointStore
 from services.allocation.claim.claims import ClaimReader, ClaimRef
 from services.allocation.dra.preparer import ClaimPreparer
-from services.allocation.partitions.vnpu import VnpuPartitionManager
 from services.allocator.allocator import allocate
 from services.allocator.errors import UnsatisfiableError
 from services.discovery import inventory, slices
-from services.discovery.backends import ascend
-from services.discovery.backends.sysfs import Sysfs
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors.ascend import discovery as ascend
+from shared.vendors.ascend.partitions import VnpuPartitionManager
+from shared.vendors.parts.sysfs import Sysfs
 from tests.fakes.allocation_sources import FakeInventory
 from tests.fakes.npusmi import FakeNpuSmi
 from tests.fakes.npusmi_vnpu import FakeChip, FakeVnpuNpuSmi

@@ -8,8 +8,8 @@ from typing import Any
 import yaml
 
 from services.discovery import apirules, inventory, slices
-from services.discovery.backends import Scan
-from services.discovery.backends.sim import SimBackend
+from shared.vendors.parts.discovery import Scan
+from shared.vendors.sim.discovery import SimBackend
 from tests.unit.deploy.manifests import KUSTOMIZE
 
 DRIVER = "sim.dra-suite.io"

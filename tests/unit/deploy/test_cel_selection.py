@@ -10,7 +10,7 @@ import pytest
 
 from devcluster import scheduler
 from services.discovery import inventory, slices
-from services.discovery.backends.sim import SimBackend
+from shared.vendors.sim.discovery import SimBackend
 from tests.unit.deploy.manifests import KUSTOMIZE, _docs
 
 DRIVER = "sim.dra-suite.io"

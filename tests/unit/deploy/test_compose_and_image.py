@@ -5,7 +5,10 @@ from __future__ import annotations
 import fnmatch
 import functools
 import re
+import subprocess
+import sys
 import tomllib
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -13,6 +16,8 @@ import jsonschema
 import pytest
 import yaml
 
+from shared.metrics_exemplars import TRACE_ID_LABEL
+from shared.resource import NODE_ATTRIBUTE
 from tests.unit.deploy.manifests import (
     AGENT_ENV,
     OVERLAYS,
@@ -233,3 +238,118 @@ def test_grafana_dashboard_provider_points_at_the_mounted_dashboards() -> None:
     path = provider["providers"][0]["options"]["path"]
     mounts = _compose()["services"]["grafana"]["volumes"]
     assert f"./deploy/compose/grafana/dashboards:{path}:ro" in mounts
+
+
+DATASOURCES = REPO / "deploy/compose/grafana/provisioning/datasources/datasources.yaml"
+
+
+def _datasources() -> dict[str, dict[str, Any]]:
+    """The provisioned datasources, by uid."""
+    return {source["uid"]: source for source in _docs(DATASOURCES)[0]["datasources"]}
+
+
+def _one(kind: str) -> dict[str, Any]:
+    (source,) = [s for s in _datasources().values() if s["type"] == kind]
+    return source
+
+
+def _uids(settings: Any) -> Iterator[str]:
+    """Every `datasourceUid` in a datasource's settings, however deep."""
+    if isinstance(settings, dict):
+        for key, value in settings.items():
+            if key == "datasourceUid":
+                yield value
+            else:
+                yield from _uids(value)
+    elif isinstance(settings, list):
+        for item in settings:
+            yield from _uids(item)
+
+
+def _label(attribute: str) -> str:
+    """A resource attribute as a label of `target_info` (`k8s.node.name` -> `k8s_node_name`)."""
+    return re.sub(r"[^a-zA-Z0-9]", "_", attribute)
+
+
+def test_grafana_datasource_links_name_provisioned_datasources() -> None:
+    sources = _datasources()
+    links = [uid for source in sources.values() for uid in _uids(source.get("jsonData", {}))]
+    assert links, "no datasource links to another"
+    assert set(links) <= set(sources), set(links) - set(sources)
+
+
+def test_grafana_links_exemplars_to_tempo_on_the_label_the_agents_export() -> None:
+    destinations = _one("prometheus")["jsonData"]["exemplarTraceIdDestinations"]
+    assert [(d["name"], d["datasourceUid"]) for d in destinations] == [
+        (TRACE_ID_LABEL, _one("tempo")["uid"])
+    ]
+
+
+def test_grafana_links_a_span_to_the_metrics_of_its_node() -> None:
+    # The queries themselves: test_dashboard.py (valid PromQL, exported metrics).
+    links = _one("tempo")["jsonData"]["tracesToMetrics"]
+    assert links["datasourceUid"] == _one("prometheus")["uid"]
+    # A resource attribute of every agent's spans, as the label of its `target_info`.
+    assert links["tags"] == [{"key": NODE_ATTRIBUTE, "value": _label(NODE_ATTRIBUTE)}]
+    assert links["queries"]
+
+
+def test_compose_prometheus_stores_exemplars_and_scrapes_the_agents_in_openmetrics() -> None:
+    command = _compose()["services"]["prometheus"]["command"]
+    features = {
+        feature
+        for argument in command
+        if argument.startswith("--enable-feature=")
+        for feature in argument.split("=", 1)[1].split(",")
+    }
+    assert "exemplar-storage" in features, command
+    (config,) = [a.split("=", 1)[1] for a in command if a.startswith("--config.file=")]
+    mounts = _compose()["services"]["prometheus"]["volumes"]
+    assert f"./deploy/compose/prometheus.yaml:{config}:ro" in mounts
+    (job,) = [
+        job
+        for job in _docs(REPO / "deploy/compose/prometheus.yaml")[0]["scrape_configs"]
+        if job["job_name"] == "dra-suite"
+    ]
+    assert job["scrape_protocols"][0] == "OpenMetricsText1.0.0"
+
+
+def _agent_log_line() -> tuple[str, str]:
+    """A JSON log line an agent writes inside a span, and that span's trace ID."""
+    script = (
+        "import structlog\n"
+        "from opentelemetry.sdk.trace import TracerProvider\n"
+        "from shared import logging\n"
+        "from shared.config import LogSettings\n"
+        "logging.configure(LogSettings(), service='dra-allocation')\n"
+        "with TracerProvider().get_tracer('t').start_as_current_span('s') as span:\n"
+        "    structlog.get_logger().info('claim_prepared', devices=['npu-0'])\n"
+        "print(format(span.get_span_context().trace_id, '032x'))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], check=True, capture_output=True, text=True, timeout=30
+    )
+    return done.stderr.strip(), done.stdout.strip()
+
+
+def test_the_documented_log_links_match_the_agents_log_lines() -> None:
+    """docs/operations.md's Loki and Tempo settings link an agent's log line to its trace."""
+    docs = (REPO / "docs" / "operations.md").read_text(encoding="utf-8")
+    (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", docs, re.S) if "derivedFields" in b]
+    documented = {source["name"]: source for source in yaml.safe_load(block)["datasources"]}
+    loki, tempo = documented["Loki"], documented["Tempo"]
+    assert tempo["uid"] == _one("tempo")["uid"]
+    (field,) = loki["jsonData"]["derivedFields"]
+    assert field["datasourceUid"] == tempo["uid"]
+    assert field["url"] == "$${__value.raw}"  # `$$`: a literal `$` in a provisioning file
+    to_logs = tempo["jsonData"]["tracesToLogsV2"]
+    assert to_logs["datasourceUid"] == loki["uid"]
+    assert to_logs["filterByTraceID"] is True
+    assert [tag["key"] for tag in to_logs["tags"]] == [NODE_ATTRIBUTE]
+
+    line, trace_id = _agent_log_line()
+    match = re.search(field["matcherRegex"], line)
+    assert match is not None, (field["matcherRegex"], line)
+    assert match.group(1) == trace_id
+    (example,) = [b for b in re.findall(r"```json\n(.*?)\n```", docs, re.S) if "span_id" in b]
+    assert re.search(field["matcherRegex"], example) is not None

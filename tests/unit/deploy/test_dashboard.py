@@ -1,7 +1,9 @@
 """The Grafana dashboard: valid PromQL over metrics the agents export, importable anywhere.
 
 Importable into another Grafana means no hard-coded datasource (a `datasource` variable) and a
-`node` variable fed by `target_info`, the series every agent's resource exports.
+`node` variable fed by `target_info`, the series every agent's resource exports. A latency panel
+shows the histogram's exemplars; the queries that the Tempo datasource links a span to
+(`tracesToMetrics` in the compose stack's datasources) are held to the dashboard's rules.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ from typing import Any
 
 import promql_parser
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[3]
 DASHBOARDS = sorted((REPO / "deploy/compose/grafana/dashboards").glob("*.json"))
+DATASOURCES = REPO / "deploy/compose/grafana/provisioning/datasources/datasources.yaml"
 
 _INSTRUMENT = re.compile(
     r'create_(?:counter|histogram|observable_gauge|up_down_counter|gauge)\(\s*"(dra_[a-z_]+)"'
@@ -106,3 +110,42 @@ def test_api_server_errors_count_failures_and_throttling_not_normal_answers(
         pattern = re.compile(f"^(?:{codes.group(1)})$")
         assert all(pattern.match(c) for c in ("500", "503", "429"))
         assert not any(pattern.match(c) for c in ("404", "409", "200", "201"))
+
+
+def test_latency_panels_show_the_histograms_exemplars_once(dashboard: Path) -> None:
+    # Exemplars sit on the histograms' buckets; one target per panel asks for them, so that
+    # two quantiles of one histogram do not draw each exemplar twice.
+    shown = 0
+    for panel in _load(dashboard)["panels"]:
+        buckets = [
+            t for t in panel["targets"] if re.search(r"\bdra_\w+_seconds_bucket\b", t["expr"])
+        ]
+        exemplars = [t for t in panel["targets"] if t.get("exemplar")]
+        assert all(t in buckets for t in exemplars), panel["title"]
+        if buckets:
+            assert len(exemplars) == 1, panel["title"]
+        shown += len(exemplars)
+    assert shown, "no panel shows exemplars"
+
+
+def _traces_to_metrics() -> list[Any]:
+    (tempo,) = [
+        source
+        for source in yaml.safe_load(DATASOURCES.read_text(encoding="utf-8"))["datasources"]
+        if source["type"] == "tempo"
+    ]
+    queries = tempo["jsonData"]["tracesToMetrics"]["queries"]
+    return [pytest.param(query["query"], id=query["name"]) for query in queries]
+
+
+@pytest.mark.parametrize("expr", _traces_to_metrics())
+def test_a_spans_metrics_queries_are_valid_promql_over_exported_metrics(expr: str) -> None:
+    # `$$__tags`: Grafana's `$__tags` (the span's tags as matchers, none or more), its `$`
+    # escaped from the provisioning file's environment expansion.
+    assert "$" not in expr.replace("$$__tags", ""), expr
+    for tags in ("", 'k8s_node_name="node-a"'):
+        promql_parser.parse(expr.replace("$$__tags", tags))
+    used = {_instrument_of(series) for series in re.findall(r"\bdra_[a-z_]+", expr)}
+    assert used, expr
+    assert used <= _instruments_in_code(), sorted(used - _instruments_in_code())
+    assert 'target_info{service_namespace="dra-suite", $$__tags}' in expr

@@ -16,10 +16,10 @@ import pytest
 from devcluster import scheduler
 from services.allocation.claim import opaque
 from services.discovery import inventory, slices
-from services.discovery.backends import nvml
-from services.discovery.backends.sim import SimBackend
-from services.discovery.backends.sysfs import Sysfs
 from services.health.policy import taint_key
+from shared.vendors.nvidia import discovery as nvml
+from shared.vendors.parts.sysfs import Sysfs
+from shared.vendors.sim.discovery import SimBackend
 from tests.fakes.nvml import FakeNVML
 from tests.unit.deploy.manifests import (
     _claim_spec,

@@ -25,11 +25,11 @@ from services.allocation.claim.checkpoint import CheckpointStore, ClaimState
 from services.allocation.claim.claims import ClaimReader, ClaimRef
 from services.allocation.dra.preparer import ClaimPreparer
 from services.allocation.partitions.by_backend import CompositePartitionManager
-from services.allocation.partitions.mig import MigPartitionManager
 from services.discovery import inventory, slices
-from services.discovery.backends import nvml
-from services.discovery.backends.sysfs import Sysfs
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors.nvidia import discovery as nvml
+from shared.vendors.nvidia.partitions import MigPartitionManager
+from shared.vendors.parts.sysfs import Sysfs
 from tests.fakes.allocation_sources import FakeInventory, OneClaimReader
 from tests.fakes.nvml import FakeNVML
 from tests.fakes.nvml_mig import FakeMigNVML, cap_minor

@@ -27,10 +27,10 @@ from services.allocation.metadata.files import MetadataFiles
 from services.allocation.vfio.binder import VfioBinder
 from services.allocation.vfio.ledger import VfioLedger
 from services.discovery import inventory, slices
-from services.discovery.backends.sim import SimBackend
-from services.discovery.backends.sysfs import Sysfs
 from shared.pb.drasuite.v1 import inventory_pb2
 from shared.sim.profile import SimDevice, SimDeviceNode
+from shared.vendors.parts.sysfs import Sysfs
+from shared.vendors.sim.discovery import SimBackend
 from shared.vfio import pci
 from tests.fakes import sysfs_pci
 from tests.fakes.allocation_sources import FakeInventory, OneClaimReader

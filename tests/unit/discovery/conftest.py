@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from services.discovery import inventory
-from services.discovery.backends import nvml
-from services.discovery.backends.sysfs import Sysfs
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors.nvidia import discovery as nvml
+from shared.vendors.parts.sysfs import Sysfs
 from tests.fakes.nvml import FakeNVML
 
 H100_ALL_PROFILES = ("1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb")

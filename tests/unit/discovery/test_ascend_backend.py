@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 
 from services.discovery import inventory
-from services.discovery.backends import ascend, sim
-from services.discovery.backends.sysfs import Sysfs
 from services.discovery.scanner import DeviceScanner
 from shared import commands
 from shared.errors import BackendUnavailableError
 from shared.pb.drasuite.v1 import inventory_pb2
 from shared.sim import profile
+from shared.vendors.ascend import discovery as ascend
+from shared.vendors.parts.sysfs import Sysfs
+from shared.vendors.sim import discovery as sim
 from tests.fakes.npusmi import FIXTURES, FakeNpuSmi
 from tests.fakes.sysfs import add_pci_device
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from services.discovery.backends import ascend
-from services.discovery.backends.sysfs import Sysfs
 from shared.sim import profile
+from shared.vendors.ascend import discovery as ascend
+from shared.vendors.parts.sysfs import Sysfs
 from tests.fakes.npusmi import FakeNpuSmi
 
 

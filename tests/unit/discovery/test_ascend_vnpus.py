@@ -16,10 +16,10 @@ from services.allocator.allocator import allocate
 from services.allocator.errors import UnsatisfiableError
 from services.allocator.result import AllocationResult
 from services.discovery import inventory, slices
-from services.discovery.backends import ascend
-from services.discovery.backends.sysfs import Sysfs
 from shared.errors import BackendUnavailableError
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors.ascend import discovery as ascend
+from shared.vendors.parts.sysfs import Sysfs
 from tests.fakes.npusmi import FakeNpuSmi
 
 DRIVER = "npu.huawei.com"

@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from services.discovery import inventory
-from services.discovery.backends import sim
 from services.discovery.scanner import DeviceScanner
 from shared.sim.profile import SimDevice
+from shared.vendors.sim import discovery as sim
 
 IDENTITY = inventory.Identity(driver="sim.dra-suite.io", node="n1", pool="n1", backend="sim")
 

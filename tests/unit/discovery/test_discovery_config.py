@@ -9,9 +9,12 @@ from pathlib import Path
 import pytest
 
 from services.discovery import backends, cli
-from services.discovery.backends import ascend, nvml, sim
 from services.discovery.config import DiscoveryConfig
 from shared.errors import BackendLoadError, ConfigError
+from shared.vendors.ascend import discovery as ascend
+from shared.vendors.nvidia import discovery as nvml
+from shared.vendors.parts.discovery import BackendSeams
+from shared.vendors.sim import discovery as sim
 from tests.fakes.npusmi import FakeNpuSmi
 from tests.fakes.nvml import FakeNVML
 
@@ -149,7 +152,7 @@ def test_the_nvml_backend_loads_over_an_injected_library(tmp_path):
         backend_timeout_s=3.0,
         backend_poll_s=4.0,
     )
-    backend = backends.load_backend(config, seams=backends.BackendSeams(nvml=fake))
+    backend = backends.load_backend(config, seams=BackendSeams(nvml=fake))
     assert isinstance(backend, nvml.NvmlBackend)
     assert fake.initialised
     assert backend.options == nvml.NvmlOptions(
@@ -178,7 +181,7 @@ def test_the_ascend_backend_loads_with_the_configured_binary():
         node_name="n1", backend="ascend", npu_smi_path="/opt/npu-smi", sysfs_root="/host/sys"
     )
     fake = FakeNpuSmi()
-    backend = backends.load_backend(config, seams=backends.BackendSeams(run_command=fake))
+    backend = backends.load_backend(config, seams=BackendSeams(run_command=fake))
     assert isinstance(backend, ascend.AscendBackend)
     assert (backend.npu_smi, backend.run_command, str(backend.sysfs.root)) == (
         "/opt/npu-smi",

@@ -7,9 +7,9 @@ import random
 import pytest
 
 from services.discovery import inventory
-from services.discovery.backends import Scan
 from shared.bus import codec
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors.parts.discovery import Scan
 
 IDENTITY = inventory.Identity(driver="sim.dra-suite.io", node="n1", pool="n1", backend="sim")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.discovery.backends import ascend
+from shared.vendors.ascend import discovery as ascend
 from shared.vendors.ascend import npusmi
 from tests.fakes.npusmi import FIXTURES
 

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from services.discovery import inventory, slices, validation
-from services.discovery.backends import nvml, nvml_api
-from services.discovery.backends.sysfs import Sysfs
 from shared.errors import BackendLoadError, BackendUnavailableError
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors.nvidia import discovery as nvml
+from shared.vendors.nvidia import nvml_api
+from shared.vendors.parts.sysfs import Sysfs
 from tests.fakes.nvml import FakeNVML
 
 DRIVER = "gpu.dra-suite.io"

@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from services.discovery.backends import topology
-from services.discovery.backends.sysfs import Sysfs, normalize_bus_id
 from shared import quantity
+from shared.vendors.parts import topology
+from shared.vendors.parts.sysfs import Sysfs, normalize_bus_id
 from tests.fakes.sysfs import add_pci_device
 
 

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from services.discovery import slices, syncplan
-from services.discovery.backends import sim
 from shared.pb.drasuite.v1 import inventory_pb2
 from shared.sim import profile
+from shared.vendors.sim import discovery as sim
 
 DRIVER = "sim.dra-suite.io"
 OWNER = slices.Owner("n1", "uid-n1")

@@ -16,12 +16,12 @@ import pytest
 
 from devcluster.apiserver import APIServerEmulator
 from services.discovery import events, inventory, scanreport
-from services.discovery.backends import sim
 from services.discovery.scanner import DeviceScanner
 from shared import metrics
 from shared.config import KubeSettings
 from shared.kube.client import KubeClient
 from shared.sim.profile import SimDevice
+from shared.vendors.sim import discovery as sim
 from tests.integration.discovery.agent_runner import eventually
 
 NODE = "n1"

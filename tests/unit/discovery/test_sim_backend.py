@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from services.discovery.backends import sim
 from shared.errors import BackendUnavailableError
 from shared.pb.drasuite.v1 import inventory_pb2
 from shared.sim.profile import SimDevice, SimDeviceNode, VersionValue
+from shared.vendors.sim import discovery as sim
 
 PROFILE = """\
 apiVersion: sim.dra-suite.io/v1

@@ -7,12 +7,13 @@ from typing import Any
 
 import pytest
 
-from services.allocation.partitions import sim as sim_partitions
 from services.discovery import apirules, inventory, slices
-from services.discovery.backends import mig, sim
 from shared.pb.drasuite.v1 import inventory_pb2
 from shared.sim import profile
 from shared.sim.profile import SimDevice
+from shared.vendors.nvidia import mig_devices as mig
+from shared.vendors.sim import discovery as sim
+from shared.vendors.sim import partitions as sim_partitions
 
 DRIVER = "sim.dra-suite.io"
 

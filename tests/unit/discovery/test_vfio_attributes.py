@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from services.discovery.backends import ascend, nvml, sim
-from services.discovery.backends.sysfs import Sysfs, normalize_bus_id
 from shared.pb.drasuite.v1 import inventory_pb2
 from shared.sim.profile import SimDevice
+from shared.vendors.ascend import discovery as ascend
+from shared.vendors.nvidia import discovery as nvml
+from shared.vendors.parts.sysfs import Sysfs, normalize_bus_id
+from shared.vendors.sim import discovery as sim
 from tests.fakes import sysfs_pci
 from tests.fakes.npusmi import FakeNpuSmi
 from tests.fakes.nvml import FakeNVML

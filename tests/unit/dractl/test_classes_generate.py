@@ -21,10 +21,10 @@ from services.allocator import selector
 from services.allocator.device import Device
 from services.allocator.pool import Inventory
 from services.discovery import apirules
-from services.discovery.backends import Scan
-from services.discovery.backends.sim import SimBackend
 from services.dractl import classgen
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors.parts.discovery import Scan
+from shared.vendors.sim.discovery import SimBackend
 from tests.unit.allocator.sim_cluster import scan_slices
 from tests.unit.deploy.manifests import (
     admission_policy,

@@ -9,10 +9,10 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 from services.health import alerts
-from services.health.observation import Fault
 from services.health.policy import DeviceState, Health, Taint
 from shared.bus import codec
 from shared.pb.drasuite.v1 import alert_pb2
+from shared.vendors.parts.observation import Fault
 
 DRIVER = "sim.dra-suite.io"
 TAINT = Taint(key=f"{DRIVER}/xid", value="79", effect="NoSchedule")

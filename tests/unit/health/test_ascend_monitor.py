@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from services.health.monitors.ascend import AscendMonitor, device_names, run_command
 from services.health.monitors.watchdog import Watchdog
-from services.health.observation import Observations
 from services.health.policy import UNMONITORED
 from shared.backoff import Backoff
 from shared.errors import BackendUnavailableError
+from shared.vendors.ascend.monitor import AscendMonitor, device_names, run_command
 from shared.vendors.ascend.npusmi import NpuChip, NpuSmiError
+from shared.vendors.parts.observation import Observations
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -8,9 +8,9 @@ import pytest
 
 from services.health import attribution, policy
 from services.health.attribution import Topology
-from services.health.observation import Fault, Observation
 from services.health.policy import Health, PolicySettings
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors.parts.observation import Fault, Observation
 
 DRIVER = "sim.dra-suite.io"
 SET = {"memory-slice-0": "1", "memory-slice-1": "1", "compute-slices": "7"}

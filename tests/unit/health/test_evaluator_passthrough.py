@@ -10,10 +10,10 @@ from typing import Any, cast
 
 from services.health import attribution
 from services.health.evaluator import HealthEvaluator
-from services.health.observation import Observation, Observations
 from services.health.policy import DeviceState, Health, PolicySettings, Taint
 from services.health.recorder import to_record
 from shared.pb.drasuite.v1 import health_pb2, inventory_pb2
+from shared.vendors.parts.observation import Observation, Observations
 
 DRIVER = "sim.dra-suite.io"
 NODE = "node-a"

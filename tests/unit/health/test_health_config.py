@@ -11,6 +11,7 @@ from services.health.config import HealthConfig
 from shared.bus.connection import Bus
 from shared.config import NATSSettings
 from shared.errors import BackendLoadError, ConfigError
+from shared.vendors.parts.health import AscendOptions
 
 
 def test_defaults_fill_the_node_name_from_the_host():
@@ -117,6 +118,6 @@ def test_the_nvml_monitor_without_a_driver_says_nvml_is_not_available():
 
 def test_the_ascend_monitor_loads_with_its_options():
     bus = Bus(NATSSettings(), name="unused")
-    options = monitors.AscendOptions(npu_smi="/opt/npu-smi", poll_s=3.0)
+    options = AscendOptions(npu_smi="/opt/npu-smi", poll_s=3.0)
     monitor = monitors.load("ascend", bus=bus, driver="d.io", node="n", ascend_options=options)
     assert type(monitor).__name__ == "AscendMonitor"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from services.health.observation import Fault
 from services.health.policy import DeviceState, Health, Taint
 from services.health.recorder import state_from_record, to_record
 from shared.pb.drasuite.v1 import health_pb2
+from shared.vendors.parts.observation import Fault
 
 DRIVER = "sim.dra-suite.io"
 TAINT = Taint(key=f"{DRIVER}/xid", value="79", effect="NoSchedule")

@@ -10,9 +10,9 @@ import pytest
 
 from services.health.monitors.fake import FakeMonitor
 from services.health.monitors.watchdog import Watchdog
-from services.health.observation import Fault, Observations
 from services.health.policy import UNMONITORED
 from shared.backoff import Backoff
+from shared.vendors.parts.observation import Fault, Observations
 
 DEVICES = ("gpu-0", "gpu-1")
 

@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from services.health.monitors import npu_faults
-from services.health.observation import Fault
-from shared.vendors.ascend import npusmi
+from shared.vendors.ascend import npu_faults, npusmi
 from shared.vendors.ascend.npusmi import ChipHealth, NpuSmiError
+from shared.vendors.parts.observation import Fault
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.health.monitors import nvml_faults
-from services.health.monitors.nvml_events import (
+from shared.vendors.nvidia import nvml_faults
+from shared.vendors.nvidia.nvml_events import (
     EVENT_DOUBLE_BIT_ECC,
     EVENT_GPU_UNAVAILABLE,
     EVENT_SINGLE_BIT_ECC,
@@ -13,7 +13,7 @@ from services.health.monitors.nvml_events import (
     NVMLEvent,
     RemappedRows,
 )
-from services.health.observation import Fault
+from shared.vendors.parts.observation import Fault
 
 XID = Fault(cause="xid", code="79")
 ECC = Fault(cause="ecc", code="double-bit")

@@ -10,8 +10,15 @@ from dataclasses import dataclass
 import pytest
 
 from services.health import monitors, policy
-from services.health.monitors.nvml import NvmlMonitor
-from services.health.monitors.nvml_events import (
+from services.health.monitors.watchdog import Watchdog
+from services.health.policy import Health, PolicySettings
+from services.health.rules import classify, default_rules
+from shared.backoff import Backoff
+from shared.bus.connection import Bus
+from shared.config import NATSSettings
+from shared.errors import BackendLoadError, BackendUnavailableError
+from shared.vendors.nvidia.monitor import NvmlMonitor
+from shared.vendors.nvidia.nvml_events import (
     ERROR_GPU_IS_LOST,
     ERROR_NOT_SUPPORTED,
     EVENT_DOUBLE_BIT_ECC,
@@ -22,14 +29,7 @@ from services.health.monitors.nvml_events import (
     NVMLEvents,
     RemappedRows,
 )
-from services.health.monitors.watchdog import Watchdog
-from services.health.observation import Fault, Observations
-from services.health.policy import Health, PolicySettings
-from services.health.rules import classify, default_rules
-from shared.backoff import Backoff
-from shared.bus.connection import Bus
-from shared.config import NATSSettings
-from shared.errors import BackendLoadError, BackendUnavailableError
+from shared.vendors.parts.observation import Fault, Observations
 from tests.fakes.nvml_events import FakeNVMLEvents
 
 DRIVER = "sim.dra-suite.io"

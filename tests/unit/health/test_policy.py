@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import pytest
 
 from services.health import policy
-from services.health.observation import Fault, Observation
 from services.health.policy import DeviceState, Health, PolicySettings, Taint, Verdict
 from services.health.rules import default_rules
+from shared.vendors.parts.observation import Fault, Observation
 
 DRIVER = "sim.dra-suite.io"
 XID = Fault(cause="xid", code="79", message="GPU has fallen off the bus")

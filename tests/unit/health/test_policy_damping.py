@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import pytest
 
 from services.health import policy, rules
-from services.health.observation import Fault, Observation
 from services.health.policy import DeviceState, Health, PolicySettings, Taint, Verdict
 from services.health.rules import FaultRules
+from shared.vendors.parts.observation import Fault, Observation
 
 DRIVER = "sim.dra-suite.io"
 XID_79 = Fault(cause="xid", code="79")

@@ -9,11 +9,11 @@ from collections.abc import Sequence
 from services.allocation.node_view.health_board import Health as KubeletHealth
 from services.allocation.node_view.health_board import HealthBoard
 from services.health import attribution, policy
-from services.health.observation import Fault, Observation
 from services.health.policy import DeviceState, Health, PolicySettings, Taint, Verdict
 from services.health.prepared_claims import PreparedClaims
 from services.health.recorder import PASSTHROUGH_MESSAGE, state_from_record, to_record
 from shared.pb.drasuite.v1 import claim_pb2, health_pb2, inventory_pb2
+from shared.vendors.parts.observation import Fault, Observation
 
 DRIVER = "sim.dra-suite.io"
 SETTINGS = PolicySettings(driver=DRIVER)

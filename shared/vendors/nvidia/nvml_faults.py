@@ -10,7 +10,7 @@ remap is `row-remap`/`failed`, a pending one `row-remap`/`pending`, pending page
 
 from __future__ import annotations
 
-from services.health.monitors.nvml_events import (
+from shared.vendors.nvidia.nvml_events import (
     EVENT_DOUBLE_BIT_ECC,
     EVENT_GPU_UNAVAILABLE,
     EVENT_XID,
@@ -18,7 +18,7 @@ from services.health.monitors.nvml_events import (
     NVMLEvent,
     RemappedRows,
 )
-from services.health.observation import Fault
+from shared.vendors.parts.observation import Fault
 
 __all__ = [
     "DOUBLE_BIT",

@@ -35,20 +35,22 @@ from typing import TypeVar
 
 import structlog
 
-from services.discovery.backends import Scan, mig, topology
-from services.discovery.backends.nvml_api import (
+from shared import quantity
+from shared.errors import BackendLoadError, BackendUnavailableError
+from shared.pb.drasuite.v1 import inventory_pb2
+from shared.vendors.nvidia import mig_devices as mig
+from shared.vendors.nvidia import naming
+from shared.vendors.nvidia.mig import GpuInstance, MigDevice, MigProfile
+from shared.vendors.nvidia.nvml_api import (
     NVLINK_MAX_LINKS,
     PROFILE_ENUM_COUNT,
     Handle,
     NVMLCallError,
     NVMLLibrary,
 )
-from services.discovery.backends.sysfs import Sysfs, normalize_bus_id, vfio_attributes
-from shared import quantity
-from shared.errors import BackendLoadError, BackendUnavailableError
-from shared.pb.drasuite.v1 import inventory_pb2
-from shared.vendors.nvidia import naming
-from shared.vendors.nvidia.mig import GpuInstance, MigDevice, MigProfile
+from shared.vendors.parts import topology
+from shared.vendors.parts.discovery import Scan
+from shared.vendors.parts.sysfs import Sysfs, normalize_bus_id, vfio_attributes
 from shared.vfio.pci import Viability
 
 __all__ = [

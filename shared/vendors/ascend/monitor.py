@@ -20,12 +20,12 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import structlog
 
-from services.health.monitors import ObservationSink, npu_faults
-from services.health.observation import Observation, Observations
 from shared import commands
 from shared.errors import BackendUnavailableError
-from shared.vendors.ascend import devices, npusmi
+from shared.vendors.ascend import devices, npu_faults, npusmi
 from shared.vendors.ascend.npusmi import NpuChip
+from shared.vendors.parts.health import ObservationSink
+from shared.vendors.parts.observation import Observation, Observations
 
 __all__ = ["AscendMonitor", "Runner", "device_names", "run_command"]
 

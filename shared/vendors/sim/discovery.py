@@ -26,13 +26,14 @@ from pathlib import Path
 
 import structlog
 
-from services.discovery.backends import Scan, mig
-from services.discovery.backends.sysfs import PCI_BUS_ID, Sysfs, vfio_attributes
 from shared.errors import BackendUnavailableError, ConfigError
 from shared.pb.drasuite.v1 import inventory_pb2
 from shared.sim import profile
 from shared.sim.profile import AttributeValue, SimDevice, VersionValue
+from shared.vendors.nvidia import mig_devices as mig
 from shared.vendors.nvidia.mig import H100_80GB
+from shared.vendors.parts.discovery import Scan
+from shared.vendors.parts.sysfs import PCI_BUS_ID, Sysfs, vfio_attributes
 
 __all__ = ["H100_MIG", "SimBackend", "attribute_value", "to_device", "to_devices"]
 

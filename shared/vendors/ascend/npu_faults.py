@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from services.health.observation import Fault
+from shared.vendors.parts.observation import Fault
 
 __all__ = ["KNOWN_CODES", "LEVELS", "fault_for", "level_of"]
 

@@ -33,9 +33,9 @@ from typing import TypeVar
 
 import structlog
 
-from services.health.monitors import NvmlOptions, ObservationSink, nvml_faults
-from services.health.monitors.blocking import BlockingCaller
-from services.health.monitors.nvml_events import (
+from shared.errors import BackendLoadError, BackendUnavailableError
+from shared.vendors.nvidia import mig, naming, nvml_faults
+from shared.vendors.nvidia.nvml_events import (
     ERROR_GPU_IS_LOST,
     ERROR_TIMEOUT,
     EVENT_XID,
@@ -47,9 +47,9 @@ from services.health.monitors.nvml_events import (
     NVMLEvent,
     NVMLEvents,
 )
-from services.health.observation import Fault, Observation, Observations
-from shared.errors import BackendLoadError, BackendUnavailableError
-from shared.vendors.nvidia import mig, naming
+from shared.vendors.parts.blocking import BlockingCaller
+from shared.vendors.parts.health import NvmlOptions, ObservationSink
+from shared.vendors.parts.observation import Fault, Observation, Observations
 
 __all__ = ["NvmlMonitor", "device_name"]
 

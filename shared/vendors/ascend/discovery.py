@@ -38,8 +38,6 @@ import asyncio
 import re
 from collections.abc import Mapping, Sequence
 
-from services.discovery.backends import Scan, topology
-from services.discovery.backends.sysfs import Sysfs, vfio_attributes
 from shared import quantity
 from shared.commands import CommandFailedError, CommandRunner
 from shared.errors import BackendUnavailableError
@@ -56,6 +54,9 @@ from shared.vendors.ascend.npusmi import (
     parse_topo,
     parse_vnpu_view,
 )
+from shared.vendors.parts import topology
+from shared.vendors.parts.discovery import Scan
+from shared.vendors.parts.sysfs import Sysfs, vfio_attributes
 from shared.vfio.pci import Viability
 
 ON_DEMAND = "createdOnDemand"

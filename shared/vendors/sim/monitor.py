@@ -15,8 +15,6 @@ from typing import Protocol
 
 import structlog
 
-from services.health.monitors import ObservationSink
-from services.health.observation import Fault, Observation, Observations
 from shared import telemetry
 from shared.backoff import Backoff
 from shared.bus import codec, kv
@@ -24,6 +22,8 @@ from shared.bus.connection import Bus
 from shared.errors import BusUnavailableError, MalformedMessageError
 from shared.pb.drasuite.v1 import health_pb2, inventory_pb2
 from shared.sim.profile import SimFault
+from shared.vendors.parts.health import ObservationSink
+from shared.vendors.parts.observation import Fault, Observation, Observations
 
 __all__ = ["SimMonitor"]
 
@@ -133,7 +133,7 @@ class SimMonitor:
             await self._bus.connected.wait()
             try:
                 # nats-py keeps the subscription across reconnects; it only has to be made once.
-                await self._bus.subscribe(subject, self.handle_command)
+                await self._bus.serve(subject, self.handle_command)
                 break
             except BusUnavailableError as exc:
                 log.warning("fault_control_subscribe_failed", subject=subject, error=str(exc))

@@ -17,7 +17,7 @@ inside it, that a killed process made but did not record, and never makes a seco
 instances an entry made (or sits at an entry's recorded placement) are ever destroyed: GIs
 an admin made are left alone. An option whose slot already holds a MIG device of its profile
 that no entry names (an admin's: discovery publishes such a slot as the option it stands for,
-see `services/discovery/backends/nvml.py`) is handed over as it is, recorded `adopted`, and
+see `shared/vendors/nvidia/discovery.py`) is handed over as it is, recorded `adopted`, and
 kept at unprepare. Placement: the highest free start first, since the 4g and 7g
 profiles only fit at slice 0 (docs/hardware.md §1.1).
 
@@ -38,15 +38,15 @@ from typing import Any, TypeVar
 
 import structlog
 
-from services.allocation.partitions import Partition, mig_nvml
-from services.allocation.partitions.ledger import MALFORMED, Entry, StateFile, to_partition
-from services.allocation.partitions.mig_nvml import MigLibrary
-from services.allocation.partitions.nvidia_caps import CapsNodeError, CapsNodes
 from shared.errors import BackendLoadError, ClaimError, InvalidOpaqueConfigError
 from shared.nvml import ERROR_NOT_FOUND, Handle, NVMLCallError
 from shared.pb.drasuite.v1 import inventory_pb2
-from shared.vendors.nvidia import naming
+from shared.vendors.nvidia import mig_nvml, naming
+from shared.vendors.nvidia.caps import CapsNodeError, CapsNodes
 from shared.vendors.nvidia.mig import GpuInstance, GpuInstanceProfile, Placement, is_profile_name
+from shared.vendors.nvidia.mig_nvml import MigLibrary
+from shared.vendors.parts.ledger import MALFORMED, Entry, StateFile, to_partition
+from shared.vendors.parts.partitions import Partition
 
 __all__ = ["CAPABILITIES_ROOT", "KIND", "MigPartitionManager"]
 

@@ -33,14 +33,14 @@ from pathlib import Path
 
 import structlog
 
-from services.allocation.partitions import Partition
-from services.allocation.partitions.ledger import MALFORMED, Entry, StateFile, to_partition
 from shared import commands
 from shared.commands import CommandFailedError, CommandRunner
 from shared.errors import ClaimError, InvalidOpaqueConfigError
 from shared.pb.drasuite.v1 import inventory_pb2
 from shared.vendors.ascend import devices, npusmi
 from shared.vendors.ascend.npusmi import ChipLocation, NpuSmiError, VnpuListing
+from shared.vendors.parts.ledger import MALFORMED, Entry, StateFile, to_partition
+from shared.vendors.parts.partitions import Partition
 
 __all__ = ["KIND", "VnpuPartitionManager"]
 

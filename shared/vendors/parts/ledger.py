@@ -15,9 +15,9 @@ from typing import Any
 
 import structlog
 
-from services.allocation.partitions import Partition
 from shared import atomicfile
 from shared.errors import ClaimError
+from shared.vendors.parts.partitions import Partition
 
 __all__ = ["API_VERSION", "MALFORMED", "Entry", "StateFile", "to_partition"]
 

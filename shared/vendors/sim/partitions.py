@@ -38,12 +38,12 @@ from typing import Any
 
 import structlog
 
-from services.allocation.partitions import Partition
 from shared import atomicfile
 from shared.errors import ClaimError, InvalidOpaqueConfigError
 from shared.pb.drasuite.v1 import inventory_pb2
 from shared.vendors.nvidia import naming
 from shared.vendors.nvidia.mig import COMPUTE_SLICES, H100_80GB, MEMORY_SLICES
+from shared.vendors.parts.partitions import Partition
 
 __all__ = [
     "API_VERSION",
