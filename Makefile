@@ -74,7 +74,7 @@ bench: venv
 ## health and allocation agents against a 3-server NATS cluster and an API server; scale_* figures.
 ## APISERVER=real|emulator (default: real where `make k8s` built it), BUS=secure|open (secure).
 scale: venv
-	$(BIN)/python -m bench.scale --out bench/results.json $(if $(NODES),--nodes $(NODES)) $(if $(STEADY_S),--steady-s $(STEADY_S)) $(if $(APISERVER),--apiserver $(APISERVER)) $(if $(BUS),--bus $(BUS))
+	$(BIN)/python -m bench.scale $(if $(NODES),--nodes $(NODES)) $(if $(STEADY_S),--steady-s $(STEADY_S)) $(if $(APISERVER),--apiserver $(APISERVER)) $(if $(BUS),--bus $(BUS)) $(if $(AGENTS),--agents $(AGENTS)) $(if $(OUT),--out $(OUT))
 
 ## The real control plane (kube-apiserver, kube-scheduler, kube-controller-manager, etcd) built
 ## from the Go module proxy into ~/.cache/dra-suite/k8s, once per machine: `make k8s K8S=1.34`,

@@ -59,7 +59,7 @@ from nats.js import api
 
 from bench import scale_apiserver, scale_prepares
 from bench.scale_bus import SECURE_BUS
-from bench.scale_fleet import DRIVER, Fleet, cpu_s, node_name, rss_mb
+from bench.scale_fleet import AGENT_SETS, DRIVER, Fleet, cpu_s, node_name, rss_mb
 from services.dractl import queries
 from shared import logging
 from shared.bus import codec
@@ -382,11 +382,15 @@ async def _dractl_health_all_s(fleet: Fleet) -> float:
 
 
 async def measure(
-    *, nodes: int, steady_s: float, workdir: Path, apiserver: str, bus: str
+    *, nodes: int, steady_s: float, workdir: Path, apiserver: str, bus: str, agents: str = "all"
 ) -> dict[str, Any]:
     api = scale_apiserver.choose(apiserver, workdir)
-    fleet = Fleet(workdir, nodes, api=api, secure=bus == "secure")
-    figures: dict[str, Any] = {"scale_nodes": nodes, "scale_devices": nodes * DEVICES_PER_NODE}
+    fleet = Fleet(workdir, nodes, api=api, secure=bus == "secure", agents=agents)
+    figures: dict[str, Any] = {
+        "scale_nodes": nodes,
+        "scale_devices": nodes * DEVICES_PER_NODE,
+        "scale_agents": "+".join(AGENT_SETS[agents]),
+    }
     try:
         started = time.monotonic()
         await fleet.start_services()
@@ -475,7 +479,8 @@ async def _phases(
 
     # The secure bus lets no harness publish alerts (only a node's health agent may).
     bursts = (burst,) if fleet.bus is None else ()
-    for phase in (steady, steady_busy, prepares, storm, *bursts, audit, dractl):
+    preparing = (prepares,) if "allocation" in AGENT_SETS[fleet.agents] else ()
+    for phase in (steady, steady_busy, *preparing, storm, *bursts, audit, dractl):
         try:
             await phase()
         except Exception as exc:  # a failed phase is a figure too; the others still count
@@ -494,6 +499,12 @@ def main() -> None:
         help="auto: the real kube-apiserver and etcd where `make k8s` built them",
     )
     parser.add_argument("--bus", choices=("secure", "open"), default="secure")
+    parser.add_argument(
+        "--agents",
+        choices=sorted(AGENT_SETS),
+        default="all",
+        help="all three agents per node, or discovery and health only (a larger fleet)",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/results.json"))
     args = parser.parse_args()
     logging.configure(LogSettings(level="error", format="console"), service="scale")
@@ -505,6 +516,7 @@ def main() -> None:
                 workdir=Path(tmp),
                 apiserver=args.apiserver,
                 bus=args.bus,
+                agents=args.agents,
             )
         )
     figures["scale_bus"] = (

@@ -43,6 +43,7 @@ from shared.kube import resources
 from shared.kube.client import KubeClient
 
 __all__ = [
+    "AGENT_SETS",
     "DRIVER",
     "NODES_PER_WORKER",
     "PROFILE",
@@ -61,6 +62,12 @@ _START_CONCURRENCY = 200
 """Nodes opening their agents at a time, over all workers: more only queue for the CPU until
 their API and NATS requests time out, and retry."""
 NODES_PER_WORKER = 1000
+AGENT_SETS = {
+    "all": ("discovery", "health", "allocation"),
+    "discovery+health": ("discovery", "health"),
+}
+"""Which agents each node runs: all three as deployed, or the two that publish (a fleet too
+large for this machine's memory with the allocation agents)."""
 _WORKER_READY = "worker_started"
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -93,6 +100,8 @@ class Fleet:
     nodes: int
     api: FleetAPI
     secure: bool
+    agents: str = "all"
+    """A key of `AGENT_SETS`."""
     nats: NATSCluster = field(init=False)
     bus: SecureBus | None = None
     workers: list[ChildProcess] = field(default_factory=list)
@@ -171,6 +180,7 @@ class Fleet:
                     *("--kubeconfig", str(self.api.kubeconfig)),
                     *("--workdir", str(self.workdir)),
                     *("--start-concurrency", str(max(1, _START_CONCURRENCY // workers))),
+                    *("--agents", self.agents),
                 ],
                 log_path=self.workdir / f"worker-{index}.log",
             )
@@ -239,6 +249,8 @@ class NodeAgents:
     first: int
     count: int
     start_concurrency: int = _START_CONCURRENCY
+    agent_set: str = "all"
+    """A key of `AGENT_SETS`."""
     agents: list[Agent] = field(default_factory=list)
 
     def _agents_of(self, index: int) -> list[Agent]:
@@ -257,13 +269,13 @@ class NodeAgents:
             plugin_data_dir=own / "plugin",
             cdi_root=own / "cdi",
         )
-        return [
-            DiscoveryAgent(
+        agents: dict[str, Agent] = {
+            "discovery": DiscoveryAgent(
                 DiscoveryConfig(
                     **common, sim_profile=str(PROFILE), nats=self.bus.settings("discovery", node)
                 )
             ),
-            HealthAgent(
+            "health": HealthAgent(
                 HealthConfig(
                     **common,
                     sim_profile=str(PROFILE),
@@ -272,8 +284,9 @@ class NodeAgents:
                     flap_window_s=0.0,
                 )
             ),
-            AllocationAgent(allocation),
-        ]
+            "allocation": AllocationAgent(allocation),
+        }
+        return [agents[name] for name in AGENT_SETS[self.agent_set]]
 
     async def run_agents(self, resources: contextlib.AsyncExitStack, tg: asyncio.TaskGroup) -> None:
         """Open every node's agents (a few at a time: each connects to NATS and the API) and
@@ -330,6 +343,7 @@ def main() -> None:
     parser.add_argument("--kubeconfig", type=Path, required=True)
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--start-concurrency", type=int, default=_START_CONCURRENCY)
+    parser.add_argument("--agents", choices=sorted(AGENT_SETS), default="all")
     args = parser.parse_args()
     logging.configure(LogSettings(level="error", format="console"), service="scale-worker")
     nodes = NodeAgents(
@@ -339,6 +353,7 @@ def main() -> None:
         first=args.first,
         count=args.count,
         start_concurrency=args.start_concurrency,
+        agent_set=args.agents,
     )
     asyncio.run(_serve_nodes(nodes))
 
