@@ -1,8 +1,9 @@
 """Fault rules: which class a fault belongs to and what its class does (pure).
 
 A fault is `fatal`, `transient` or `informational`, looked up by (cause, code), then by
-cause, then the default class; codes on a cause's ignore list (by default the application
-XIDs 13, 31, 43, 45, 68, 109 of docs/hardware.md §2.5) are no fault at all. Each class has a taint
+cause, then the default class; codes on a cause's ignore list are no fault at all. The built-in
+classes and ignore lists are every vendor's own (`Vendor.faults`: for example NVIDIA's
+application XIDs, Ascend's restart levels), gathered from the registry. Each class has a taint
 effect and says whether the device counts as unhealthy. The rules also say what an Ascend
 error code missing from the built-in table does (`isolate` or `ignore`, applied by the ascend
 monitor). `from_mapping()` reads the policy file's document (already parsed YAML); invalid
@@ -18,9 +19,9 @@ from types import MappingProxyType
 from typing import Any
 
 from shared.errors import ConfigError
+from shared.vendors import registry
 
 __all__ = [
-    "APPLICATION_XIDS",
     "EFFECTS",
     "UNKNOWN_CODE_ACTIONS",
     "ClassRule",
@@ -33,7 +34,6 @@ __all__ = [
 ]
 
 EFFECTS = ("NoSchedule", "NoExecute", "None")
-APPLICATION_XIDS = ("13", "31", "43", "45", "68", "109")
 """XIDs NVIDIA's plugins treat as application errors: the GPU stays healthy."""
 UNKNOWN_CODE_ACTIONS = ("isolate", "ignore")
 """What an Ascend error code missing from the built-in table does."""
@@ -66,17 +66,26 @@ _DEFAULT_CLASSES = {
     FaultClass.INFORMATIONAL: ClassRule(effect="None", unhealthy=False),
 }
 _DEFAULT_CAUSES = {
-    # Ascend fault levels (npu_faults.py): sub-health degrades, the restart levels pass.
-    "npu-subhealth": FaultClass.INFORMATIONAL,
-    "npu-restart": FaultClass.TRANSIENT,
+    cause: FaultClass(name)
+    for vendor in registry.BACKENDS.values()
+    for cause, name in vendor.faults.causes.items()
 }
 _DEFAULT_CODES = {
-    # NVIDIA XID catalog: contained ECC (restart the app), high single-bit ECC rate,
-    # row remapping recorded (pending a reset).
-    ("xid", "94"): FaultClass.TRANSIENT,
-    ("xid", "92"): FaultClass.TRANSIENT,
-    ("xid", "63"): FaultClass.TRANSIENT,
+    code: FaultClass(name)
+    for vendor in registry.BACKENDS.values()
+    for code, name in vendor.faults.codes.items()
 }
+
+
+def _vendors_ignore() -> dict[str, frozenset[str]]:
+    ignored: dict[str, frozenset[str]] = {}
+    for vendor in registry.BACKENDS.values():
+        for cause, codes in vendor.faults.ignore.items():
+            ignored[cause] = ignored.get(cause, frozenset()) | codes
+    return ignored
+
+
+_DEFAULT_IGNORE = _vendors_ignore()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -90,9 +99,7 @@ class FaultRules:
         default_factory=lambda: _frozen(_DEFAULT_CODES)
     )
     """Class by (cause, code); wins over `causes`."""
-    ignore: Mapping[str, frozenset[str]] = field(
-        default_factory=lambda: _frozen({"xid": frozenset(APPLICATION_XIDS)})
-    )
+    ignore: Mapping[str, frozenset[str]] = field(default_factory=lambda: _frozen(_DEFAULT_IGNORE))
     """Codes per cause that are no fault at all."""
     default: FaultClass = FaultClass.FATAL
     """Class of a cause and code listed nowhere."""

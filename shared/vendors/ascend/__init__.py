@@ -11,13 +11,21 @@ The agents' parts: `discovery`, `monitor` (with the fault levels of `npu_faults`
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from shared.vendors.ascend import cdi, plugin_names
 from shared.vendors.parts.discovery import BackendSeams, DeviceBackend, DiscoverySettings
+from shared.vendors.parts.faults import FaultDefaults
 from shared.vendors.parts.health import DeviceMonitor, MonitorRequest
 from shared.vendors.parts.partitions import PartitionManager, PartitionSettings
 from shared.vendors.parts.vendor import Vendor
 
-__all__ = ["STATE_FILE", "VENDOR"]
+__all__ = ["FAULTS", "STATE_FILE", "VENDOR"]
+
+FAULTS = FaultDefaults(
+    # npu_faults' levels: sub-health degrades, the restart levels pass; the rest is fatal.
+    causes=MappingProxyType({"npu-subhealth": "informational", "npu-restart": "transient"}),
+)
 
 STATE_FILE = "vnpu-partitions.json"
 """The vNPUs the partition manager made, in the plugin data dir."""
@@ -70,4 +78,5 @@ VENDOR = Vendor(
     edits=cdi.edits,
     edit_rules=cdi.RULES,
     plugin_names=plugin_names.NAMES,
+    faults=FAULTS,
 )

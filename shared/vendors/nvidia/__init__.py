@@ -13,13 +13,26 @@ when a factory opens it.
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from shared.vendors.nvidia import cdi, plugin_names
 from shared.vendors.parts.discovery import BackendSeams, DeviceBackend, DiscoverySettings
+from shared.vendors.parts.faults import FaultDefaults
 from shared.vendors.parts.health import DeviceMonitor, MonitorRequest
 from shared.vendors.parts.partitions import PartitionManager, PartitionSettings
 from shared.vendors.parts.vendor import Vendor
 
-__all__ = ["STATE_FILE", "VENDOR"]
+__all__ = ["APPLICATION_XIDS", "FAULTS", "STATE_FILE", "VENDOR"]
+
+APPLICATION_XIDS = ("13", "31", "43", "45", "68", "109")
+"""XIDs an application's own error raises (docs/hardware.md §2.5): no fault of the GPU."""
+FAULTS = FaultDefaults(
+    # The XID catalog: contained ECC (restart the app), high single-bit ECC rate, row
+    # remapping recorded (pending a reset) pass; every other XID is fatal.
+    codes=MappingProxyType({("xid", "94"): "transient", ("xid", "92"): "transient",
+                            ("xid", "63"): "transient"}),
+    ignore=MappingProxyType({"xid": frozenset(APPLICATION_XIDS)}),
+)  # fmt: skip
 
 STATE_FILE = "mig-partitions.json"
 """The MIG devices the partition manager made, in the plugin data dir."""
@@ -73,4 +86,5 @@ VENDOR = Vendor(
     edits=cdi.edits,
     edit_rules=cdi.RULES,
     plugin_names=plugin_names.NAMES,
+    faults=FAULTS,
 )

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shared.vendors.parts.cdi import BackendEdits, EditRules
 from shared.vendors.parts.discovery import BackendLoader
+from shared.vendors.parts.faults import FaultDefaults
 from shared.vendors.parts.health import MonitorFactory
 from shared.vendors.parts.partitions import PartitionFactory
 from shared.vendors.parts.plugin_names import PluginNames
@@ -38,3 +39,5 @@ class Vendor:
     """Allocation: what the CDI allowlist admits for this backend."""
     plugin_names: PluginNames
     """Allocation: the device-plugin front's resource names."""
+    faults: FaultDefaults = field(default_factory=FaultDefaults)
+    """Health: the built-in classes of the vendor's fault causes and codes."""

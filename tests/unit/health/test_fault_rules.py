@@ -9,6 +9,7 @@ import pytest
 from services.health import policyfile, rules
 from services.health.rules import ClassRule, FaultClass, FaultRules, classify, default_rules
 from shared.errors import ConfigError
+from shared.vendors import nvidia, registry
 
 DEFAULT = default_rules()
 
@@ -18,7 +19,7 @@ DEFAULT = default_rules()
     [
         ("xid", "79", FaultClass.FATAL),
         ("xid", "48", FaultClass.FATAL),
-        *[("xid", xid, None) for xid in rules.APPLICATION_XIDS],
+        *[("xid", xid, None) for xid in nvidia.APPLICATION_XIDS],
         ("xid", "94", FaultClass.TRANSIENT),
         ("xid", "92", FaultClass.TRANSIENT),
         ("ecc", "13", FaultClass.FATAL),
@@ -32,7 +33,7 @@ DEFAULT = default_rules()
     ids=[
         "fatal xid",
         "double-bit ecc xid",
-        *[f"application xid {xid} is ignored" for xid in rules.APPLICATION_XIDS],
+        *[f"application xid {xid} is ignored" for xid in nvidia.APPLICATION_XIDS],
         "contained ecc xid is transient",
         "high single-bit ecc rate is transient",
         "ignore list is per cause",
@@ -175,7 +176,7 @@ def test_unknown_ascend_codes_follow_the_flag_unless_the_document_says(flag, doc
 
 def test_additional_ignored_xids_join_the_list_the_policy_file_leaves(tmp_path: Path):
     flagged = policyfile.load("", effect="NoSchedule", extra_ignored_xids=("48", "094"))
-    assert flagged.ignore["xid"] == frozenset({*rules.APPLICATION_XIDS, "48", "94"})
+    assert flagged.ignore["xid"] == frozenset({*nvidia.APPLICATION_XIDS, "48", "94"})
     path = tmp_path / "policy.yaml"
     path.write_text("ignore:\n  xid: [999]\n")
     replaced = policyfile.load(str(path), effect="NoSchedule", extra_ignored_xids=("48",))
@@ -188,3 +189,18 @@ def test_additional_ignored_xids_join_the_list_the_policy_file_leaves(tmp_path: 
 def test_fault_rules_are_immutable():
     with pytest.raises(TypeError):
         FaultRules().causes["x"] = FaultClass.FATAL  # type: ignore[index]
+
+
+def test_the_built_in_classes_are_the_vendors_own():
+    """The rules start from what each vendor package declares, nothing the agent adds."""
+    built_in = default_rules()
+    for vendor in registry.BACKENDS.values():
+        for cause, name in vendor.faults.causes.items():
+            assert built_in.causes[cause] is FaultClass(name), (vendor.name, cause)
+        for code, name in vendor.faults.codes.items():
+            assert built_in.codes[code] is FaultClass(name), (vendor.name, code)
+        for cause, codes in vendor.faults.ignore.items():
+            assert codes <= built_in.ignore[cause], (vendor.name, cause)
+    assert set(built_in.ignore["xid"]) == set(nvidia.APPLICATION_XIDS)
+    assert classify(cause="npu-restart", code="", rules=built_in) is FaultClass.TRANSIENT
+    assert classify(cause="xid", code="79", rules=built_in) is FaultClass.FATAL
