@@ -417,15 +417,23 @@ async def _converge(fleet: Fleet, bus: Bus, kube: KubeClient) -> dict[str, Any]:
     await fleet.start_workers()
     cpu_before["agents"] = 0.0  # counted from each worker's first node (`worker_base_cpu_s`)
     probes = 0
+    seen = {"inventories": 0, "slice_nodes": 0}
 
     async def converged() -> bool:
         nonlocal probes
-        if await _inventories(bus) < nodes:
+        seen["inventories"] = await _inventories(bus)
+        if seen["inventories"] < nodes:
             return False
         probes += 1
-        return await _slice_nodes(kube) >= nodes
+        seen["slice_nodes"] = await _slice_nodes(kube)
+        return seen["slice_nodes"] >= nodes
 
-    await _wait(converged, what="convergence", timeout_s=max(120.0, nodes * 0.5))
+    try:
+        await _wait(converged, what="convergence", timeout_s=max(120.0, nodes * 0.5))
+    except TimeoutError as exc:
+        raise TimeoutError(
+            f"{exc}: {seen} of {nodes} nodes (worker logs in {fleet.workdir})"
+        ) from None
     figures: dict[str, Any] = {"scale_converge_s": round(time.monotonic() - start, 2)}
     spent = _cpu_since(fleet, cpu_before)
     figures |= {f"scale_converge_cpu_s_{k}": v for k, v in spent.items()}
@@ -506,14 +514,24 @@ def main() -> None:
         help="all three agents per node, or discovery and health only (a larger fleet)",
     )
     parser.add_argument("--out", type=Path, default=Path("bench/results.json"))
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        help="keep the run's files (worker and server logs) here instead of a temporary dir",
+    )
     args = parser.parse_args()
     logging.configure(LogSettings(level="error", format="console"), service="scale")
-    with tempfile.TemporaryDirectory(prefix="dra-scale-") as tmp:
+    with contextlib.ExitStack() as stack:
+        if args.workdir is None:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dra-scale-")))
+        else:
+            workdir = args.workdir
+            workdir.mkdir(parents=True, exist_ok=True)
         figures = asyncio.run(
             measure(
                 nodes=args.nodes,
                 steady_s=args.steady_s,
-                workdir=Path(tmp),
+                workdir=workdir,
                 apiserver=args.apiserver,
                 bus=args.bus,
                 agents=args.agents,
