@@ -5,7 +5,9 @@ requests and sealing answers when an xkey is configured, once the revocation lis
 stream-provisioner (makes every stream of the app account through its own callout,
 `provisioner`), revocation-watcher (`revoker`), with a SYS user sys-bus-connector (the
 connection that kicks a revoked node's clients) and, with a certify key, writer-certifier (the
-`certifier` connection that certifies the agents' writer keys). The replicas subscribe in
+`certifier` connection that certifies the agents' writer keys), and quota-auditor (the
+`auditor` connection that counts every node's keys and bytes in the buckets; a node over its
+quota is revoked by `quotaenforcer`). The replicas subscribe in
 one queue group, so each request goes to one of them: every connect is reviewed once, and a
 second replica adds capacity. Each request is screened as it arrives (junk is settled there,
 mostly unanswered); the others are answered concurrently (at most `MAX_IN_FLIGHT`): after a
@@ -30,6 +32,9 @@ from services.natsauth.identity import Policy
 from services.natsauth.keyset import IssuerKeys
 from services.natsauth.localcheck import LocalCheck
 from services.natsauth.provisioner import Provisioner
+from services.natsauth.quotaauditor import QuotaAuditor
+from services.natsauth.quotaenforcer import QuotaEnforcer
+from services.natsauth.quotaledger import Excess
 from services.natsauth.ratelimit import SourceLimiter
 from services.natsauth.reviewcache import ReviewCache
 from services.natsauth.revocationstore import RevocationStore
@@ -68,6 +73,8 @@ class AuthService:
             if certify_key is not None
             else None
         )
+        self.auditor = QuotaAuditor(config.nats, exceeded=self._exceeded)
+        self.enforcer: QuotaEnforcer
         self._reviewer = reviewer
         self._xkey = config.xkey()
         self.authorizer: Authorizer
@@ -97,6 +104,10 @@ class AuthService:
             read=store.read, kick=kicker.end_node if kicker else None,
             forget=cache.drop_node, poll_s=config.revocation_poll_s,
         )  # fmt: skip
+        self.enforcer = QuotaEnforcer(
+            revoker=self.revoker, persist=lambda entry, now: store.revoke_once(entry, now=now)
+        )
+        resources.push_async_callback(self.enforcer.close)
         policy = Policy(
             agent_namespace=config.agent_namespace,
             operator_users=frozenset(config.operator_users),
@@ -121,6 +132,7 @@ class AuthService:
             issuer=config.issuer(),
             provisioner=self.provisioner.admits,
             certifier=self.certifier.admits if self.certifier is not None else lambda _: False,
+            auditor=self.auditor.admits,
         )
         await opsserver.open_ops_server(
             config.ops, resources, ready=self.ready,
@@ -139,6 +151,7 @@ class AuthService:
             "revocation-watcher": self.revoker.run(),
             "callout-responder": self._respond_forever(),
             "stream-provisioner": self._provision_forever(),
+            "quota-auditor": self._audit_forever(),
         }
         if self.sys_bus is not None:
             tasks["sys-bus-connector"] = self.sys_bus.run()
@@ -164,6 +177,13 @@ class AuthService:
     async def _provision_forever(self) -> None:
         await self.subscribed.wait()  # its own connection goes through this callout
         await self.provisioner.run(self.bus)
+
+    async def _audit_forever(self) -> None:
+        await self.provisioner.done.wait()  # its connection goes through this callout, and
+        await self.auditor.run()  # it reads the buckets as provisioned
+
+    def _exceeded(self, excess: Excess) -> None:
+        self.enforcer.exceeded(excess)
 
     async def _certify_forever(self, certifier: Certifier) -> None:
         await self.subscribed.wait()  # its own connection goes through this callout

@@ -70,6 +70,7 @@ class Authorizer:
         clock: Callable[[], float] = time.time,
         provisioner: Callable[[str], bool] = lambda token: False,
         certifier: Callable[[str], bool] = lambda token: False,
+        auditor: Callable[[str], str] = lambda token: "",
         cache: ReviewCache | None = None,
         limiter: SourceLimiter | None = None,
         max_session_s: int = DEFAULT_MAX_SESSION_S,
@@ -77,9 +78,10 @@ class Authorizer:
         answered_refusals: SourceLimiter | None = None,
     ) -> None:
         """`provisioner` tells this process's own provisioning token (`provisioner`),
-        `certifier` its certifying connection's (`certifier`); `revoked` tells a node whose bus
-        identity an operator has cut; `answered_refusals` bounds how many refusals found by
-        `screen` are answered (None: all)."""
+        `certifier` its certifying connection's (`certifier`), `auditor` the replica id of
+        its quota auditor's connection for that one's token ("" for any other); `revoked`
+        tells a node whose bus identity an operator has cut; `answered_refusals` bounds how
+        many refusals found by `screen` are answered (None: all)."""
         self._reviewer = reviewer
         self._policy = policy
         self._drivers = tuple(drivers)
@@ -90,6 +92,7 @@ class Authorizer:
         self._clock = clock
         self._provisioner = provisioner
         self._certifier = certifier
+        self._auditor = auditor
         self._local = local
         self._cache = cache if cache is not None else ReviewCache(max_entries=0, ttl_s=0)
         self._limiter = limiter if limiter is not None else SourceLimiter(rate_per_s=0, burst=0)
@@ -110,7 +113,7 @@ class Authorizer:
         token = request.token
         if not token:
             refusal: TokenClaims | Refusal | None = Refusal("no_token", "the client sent no token")
-        elif self._provisioner(token) or self._certifier(token):
+        elif self._provisioner(token) or self._certifier(token) or self._auditor(token):
             return None
         else:
             refusal = self._local.screen(token, now=now)
@@ -135,6 +138,9 @@ class Authorizer:
             expires_at = int(now) + provisioner.LEASE_S
         elif request.token and self._certifier(request.token):
             found = Identity(role=permissions.CERTIFIER)
+            expires_at = int(now) + self._max_session_s
+        elif request.token and (replica := self._auditor(request.token)):
+            found = Identity(role=permissions.AUDITOR, node=replica)
             expires_at = int(now) + self._max_session_s
         else:
             reviewed = await self._identify(request, now=now)

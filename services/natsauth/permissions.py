@@ -202,8 +202,9 @@ def _certifier(names: Names) -> Permissions:
 
 def _auditor(names: Names, replica: str) -> Permissions:
     """Watch every key of each bucket through its own consumers (`auditor-<replica>-watch`,
-    the first instance slot's: the replica id is the process's own), and delete entries of the buckets whose keys a node chooses (health, claims); nothing
-    else. The inventory's one key per node cannot go over its quota."""
+    the first instance slot's: the replica id is the process's own), and delete entries of
+    the buckets whose keys a node chooses (health, claims); nothing else. The inventory's one
+    key per node cannot go over its quota."""
     name = names.consumer(AUDITOR, replica, "watch")
     publish = []
     for bucket in names.buckets:

@@ -7,6 +7,10 @@ poll later, for a connect that this replica admitted while it was learning of th
 Another replica kicks what it admitted when it learns in turn. An entry whose `until` passed,
 or which an operator removed, lets the node back at its next connect. Until the first read has
 succeeded the service does not answer callouts (`loaded`): it cannot tell who is revoked.
+
+The quota auditor revokes without waiting for the list (`revoke_now`): the node is refused and
+kicked at once, and its entry is kept in force here until it is on the list (`unpin`) or a read
+of the list shows it.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ class Revoker:
         self._entries: Mapping[str, Revocation] = {}
         self._active: frozenset[str] = frozenset()
         self._sweeps_left: dict[str, int] = {}
+        self._pinned: dict[str, Revocation] = {}
         self.loaded = asyncio.Event()
 
     def revoked(self, node: str) -> bool:
@@ -65,9 +70,26 @@ class Revoker:
         except DraSuiteError as exc:
             log.warning("nats_revocations_unreadable", error=str(exc), loaded=self.loaded.is_set())
         else:
-            self._apply(entries)
+            for node in set(self._pinned) & set(entries):
+                del self._pinned[node]  # the list has it now: it rules from here on
+            self._apply({**self._pinned, **entries})
             self.loaded.set()
         await self._sweep()
+
+    async def revoke_now(self, revocation: Revocation) -> None:
+        """Put `revocation` in force in this process at once, before the list shows it, and
+        end the node's connections now; a node revoked already is left as it is."""
+        node = revocation.node
+        if self.revoked(node):
+            return
+        self._pinned[node] = revocation
+        self._apply({**self._entries, node: revocation})
+        await self._sweep_node(node)
+
+    def unpin(self, node: str) -> None:
+        """The list has the node's entry now (written, or found there): from the next read on,
+        the list alone decides, so an operator's unrevoke is followed."""
+        self._pinned.pop(node, None)
 
     def _apply(self, entries: Mapping[str, Revocation]) -> None:
         self._entries = dict(entries)
@@ -93,18 +115,25 @@ class Revoker:
             self._sweeps_left.clear()
             return
         for node in sorted(self._sweeps_left):
-            try:
-                kicked = await self._kick(node)
-            except DraSuiteError as exc:
-                log.warning("nats_revoked_node_kick_failed", node=node, error=str(exc),
-                            security=True)  # fmt: skip
-                continue  # tried again at the next poll
+            await self._sweep_node(node)
+
+    async def _sweep_node(self, node: str) -> None:
+        if self._kick is None:
+            return
+        try:
+            kicked = await self._kick(node)
+        except DraSuiteError as exc:
+            log.warning("nats_revoked_node_kick_failed", node=node, error=str(exc),
+                        security=True)  # fmt: skip
+            return  # tried again at the next poll
+        # Another sweep (the poll's, the auditor's) may have finished this node meanwhile.
+        if node in self._sweeps_left:
             self._sweeps_left[node] -= 1
             if self._sweeps_left[node] <= 0:
                 del self._sweeps_left[node]
-            if kicked:
-                instruments.REVOCATIONS.add(len(kicked), {"event": "kicked"})
-                log.warning(
-                    "nats_revoked_node_kicked", node=node, security=True,
-                    connections=[f"{c.user}#{c.cid}@{c.server[:8]}" for c in kicked],
-                )  # fmt: skip
+        if kicked:
+            instruments.REVOCATIONS.add(len(kicked), {"event": "kicked"})
+            log.warning(
+                "nats_revoked_node_kicked", node=node, security=True,
+                connections=[f"{c.user}#{c.cid}@{c.server[:8]}" for c in kicked],
+            )  # fmt: skip

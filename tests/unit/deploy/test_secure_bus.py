@@ -364,11 +364,11 @@ def test_the_auth_service_keeps_one_replica_through_disruptions_and_may_review_t
     assert sorted(b["roleRef"]["name"] for b in bound) == sorted(
         {*AUTH_SERVICE_ROLES, REVOCATIONS_ROLE}
     )
-    # ...and the revocation list, read-only, that ConfigMap only.
+    # ...and the revocation list, that ConfigMap only: read, and patched by the quota auditor.
     (rule,) = _one(objects, "Role", REVOCATIONS_ROLE)["rules"]
     assert rule == {"apiGroups": [""], "resources": ["configmaps"],
                     "resourceNames": [_value(deployment, "REVOCATIONS_CONFIGMAP")],
-                    "verbs": ["get"]}  # fmt: skip
+                    "verbs": ["get", "patch"]}  # fmt: skip
 
 
 @pytest.mark.skipif(
