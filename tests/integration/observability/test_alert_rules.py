@@ -29,6 +29,7 @@ EXPECTED = {
     "DRANATSDisconnected",
     "DRAPrepareErrors",
     "DRABusRecordsRejected",
+    "DRABusQuotaExceeded",
 }
 # One agent's resource, as every agent exports it (shared/resource.py).
 _TARGET = 'job="dra-suite", instance="node-a:9100"'
@@ -58,7 +59,7 @@ def test_promtool_accepts_the_shipped_rules() -> None:
     assert f"SUCCESS: {len(EXPECTED)} rules found" in checked.stdout
 
 
-def test_the_rules_are_the_six_alerts_each_with_a_severity_and_a_summary() -> None:
+def test_the_rules_are_the_seven_alerts_each_with_a_severity_and_a_summary() -> None:
     rules = [rule for group in _rules(RULES)["groups"] for rule in group["rules"]]
     assert {rule["alert"] for rule in rules} == EXPECTED
     for rule in rules:
@@ -144,6 +145,10 @@ def test_each_shipped_rule_fires_after_its_for_on_synthetic_series(tmp_path: Pat
             "series": f'dra_bus_records_rejected_total{{{_TARGET}, reason="wrong_owner"}}',
             "values": "0 0 0 2x27",
         },
+        {
+            "series": f'dra_bus_quota_exceeded_total{{{_TARGET}, bucket="dra_health"}}',
+            "values": "0 0 1x28",
+        },
     ]
     unhealthy = {**_NODE, "health": "unhealthy"}
     tainted = {**_NODE, "effect": "NoSchedule"}
@@ -170,6 +175,9 @@ def test_each_shipped_rule_fires_after_its_for_on_synthetic_series(tmp_path: Pat
                     _silent("DRABusRecordsRejected", "2m"),
                     _alert("DRABusRecordsRejected", {**_AGENT, "reason": "wrong_owner"}, "3m"),
                     _silent("DRABusRecordsRejected", "14m"),
+                    _silent("DRABusQuotaExceeded", "1m"),
+                    _alert("DRABusQuotaExceeded", {"bucket": "dra_health"}, "2m"),
+                    _silent("DRABusQuotaExceeded", "13m"),
                 ],
             }
         ],
