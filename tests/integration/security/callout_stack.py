@@ -222,8 +222,11 @@ async def callout_stack(
         yield stack
     finally:
         stop.set()
-        assert await asyncio.wait_for(task, 10) == 0
-        server.stop()
+        try:
+            code = await asyncio.wait_for(task, 10)
+        finally:
+            server.stop()  # also when the service hangs or fails: no server outlives the test
+        assert code == 0
 
 
 @contextlib.asynccontextmanager
