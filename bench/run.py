@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from bench.agent_rss import measure_agent_rss
-from bench.bus_quota import measure_bus_quota
 from bench.bus_restore import measure_bus_restore
 from bench.concurrency import measure_concurrency
 from bench.device_plugin import measure_device_plugin
@@ -55,7 +54,6 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         explain = await measure_explain()
         sign_verify = measure_sign_verify()
         bus_restore = await measure_bus_restore(workdir=Path(tmp) / "bus-restore")
-        bus_quota = await measure_bus_quota(workdir=Path(tmp) / "bus-quota")
         image = await asyncio.to_thread(measure_image_size)
         k8s = await measure_k8s()
     return {
@@ -73,7 +71,6 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         **explain,
         **sign_verify,
         **bus_restore,
-        **bus_quota.as_results(),
         **image,
         **k8s,
     }
