@@ -40,7 +40,7 @@ from shared.pb.drasuite.v1 import inventory_pb2
 from shared.vendors.ascend import devices, npusmi
 from shared.vendors.ascend.npusmi import ChipLocation, NpuSmiError, VnpuListing
 from shared.vendors.parts.ledger import MALFORMED, Entry, StateFile, to_partition
-from shared.vendors.parts.partitions import Partition
+from shared.vendors.parts.partitions import Partition, invalid_profile
 
 __all__ = ["KIND", "VnpuPartitionManager"]
 
@@ -90,9 +90,7 @@ class VnpuPartitionManager:
         placement: int | None = None,
     ) -> None:
         def invalid(reason: str) -> InvalidOpaqueConfigError:
-            return InvalidOpaqueConfigError(
-                f"partition.profile: {reason}", claim_uid=claim_uid, field="partition.profile"
-            )
+            return invalid_profile(claim_uid, reason)
 
         if device.kind != "npu":
             raise invalid(

@@ -46,7 +46,7 @@ from shared.vendors.nvidia.caps import CapsNodeError, CapsNodes
 from shared.vendors.nvidia.mig import GpuInstance, GpuInstanceProfile, Placement, is_profile_name
 from shared.vendors.nvidia.mig_nvml import MigLibrary
 from shared.vendors.parts.ledger import MALFORMED, Entry, StateFile, to_partition
-from shared.vendors.parts.partitions import Partition
+from shared.vendors.parts.partitions import Partition, invalid_profile
 
 __all__ = ["CAPABILITIES_ROOT", "KIND", "MigPartitionManager"]
 
@@ -117,9 +117,7 @@ class MigPartitionManager:
         placement: int | None = None,
     ) -> None:
         def invalid(reason: str) -> InvalidOpaqueConfigError:
-            return InvalidOpaqueConfigError(
-                f"partition.profile: {reason}", claim_uid=claim_uid, field="partition.profile"
-            )
+            return invalid_profile(claim_uid, reason)
 
         if device.kind not in ("gpu", "mig"):
             raise invalid(f"MIG profiles need a GPU; {device.name} is a {device.kind or 'device'}")

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from shared.errors import ClaimError
+from shared.errors import ClaimError, InvalidOpaqueConfigError
 from shared.pb.drasuite.v1 import inventory_pb2
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "PartitionFactory",
     "PartitionManager",
     "PartitionSettings",
+    "invalid_profile",
     "on_demand_option",
 ]
 
@@ -160,3 +161,10 @@ class PartitionSettings(Protocol):
 
 PartitionFactory = Callable[[PartitionSettings], PartitionManager]
 """Makes a vendor's partition manager; it opens no library before its first partition."""
+
+
+def invalid_profile(claim_uid: str, reason: str) -> InvalidOpaqueConfigError:
+    """A claim's `partition.profile` that this device cannot take, as the claim's own error."""
+    return InvalidOpaqueConfigError(
+        f"partition.profile: {reason}", claim_uid=claim_uid, field="partition.profile"
+    )
