@@ -156,15 +156,10 @@ async def _start(bus: Bus, *, bucket: str, keys: str, purpose: str) -> _Watcher:
         return await _create(bus, bucket=bucket, keys=keys, name=f"w{secrets.token_hex(8)}")
     for slot in range(INSTANCE_SLOTS):
         name = consumer_name(bus, purpose, slot)
-        try:
-            info = await bus.js.consumer_info(stream, name)
-        except nats.js.errors.NotFoundError:
-            pass
-        else:
-            if info.push_bound:
-                continue
-            with contextlib.suppress(nats.js.errors.NotFoundError):
-                await bus.js.delete_consumer(stream, name)
+        if await _bound_to_a_listener(bus, stream, name):
+            continue
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await bus.js.delete_consumer(stream, name)
         try:
             return await _create(bus, bucket=bucket, keys=keys, name=name)
         except nats.js.errors.BadRequestError as exc:
@@ -175,6 +170,16 @@ async def _start(bus: Bus, *, bucket: str, keys: str, purpose: str) -> _Watcher:
         f"watch {bucket}: every consumer slot of {purpose!r} is in use by a live process",
         subject=stream,
     )
+
+
+async def _bound_to_a_listener(bus: Bus, stream: str, name: str) -> bool:
+    """Whether a live process listens to the consumer `name`. One that does not exist, or
+    whose server does not answer (it died with the consumer on it), has nobody to lose."""
+    try:
+        info = await bus.js.consumer_info(stream, name)
+    except (nats.js.errors.APIError, nats.errors.TimeoutError, nats.errors.NoRespondersError):
+        return False  # NotFoundError included
+    return bool(info.push_bound)
 
 
 async def _create(bus: Bus, *, bucket: str, keys: str, name: str) -> _Watcher:

@@ -92,7 +92,13 @@ class CalloutStack:
             }  # fmt: skip
         url = f"{self.kube.url}/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token"
         body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
-        async with aiohttp.ClientSession() as session, session.post(url, json=body) as answer:
+        # One request, one connection, closed with its answer: no keep-alive socket is left
+        # for the session's close to race with.
+        connector = aiohttp.TCPConnector(force_close=True)
+        async with (
+            aiohttp.ClientSession(connector=connector) as session,
+            session.post(url, json=body) as answer,
+        ):
             reply = await answer.json()
             assert answer.status == 201, reply
         return str(reply["status"]["token"])
