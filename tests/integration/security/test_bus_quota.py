@@ -40,8 +40,13 @@ pytestmark = pytest.mark.integration
 
 N = Names("")
 A, B = "node-a", "node-b"
-_MARKER_BYTES = 256
-"""A delete marker's size bound: subject and headers, no value."""
+_MARKER_BYTES = 1024
+"""A delete marker's size bound: subject and headers (a signed one carries a certificate and a
+signature), no value; A's values were 63.5 KiB each."""
+_STORED_OVERHEAD_BYTES = 256
+"""What the stream stores besides a message's headers and data (subject, sequence, time)."""
+_B_RECORD_BYTES = 1024
+"""One of B's small signed records (or its signed delete marker), as stored."""
 ENFORCE_BOUND_S = 3.0
 """From A's first key over the quota to its connection ended, on a shared 2-core machine."""
 
@@ -107,7 +112,14 @@ async def test_a_node_flooding_its_own_keys_is_revoked_and_its_excess_deleted(
                 await eventually_async(functools.partial(_gone, operator, bucket, junk(index)))
             assert await operator.kv_get(bucket, junk(0)) is not None
             assert await operator.kv_get(bucket, junk(limit.keys - 1)) is not None
-            bound = limit.bytes + result.sent * _MARKER_BYTES
+            # A's records within its quota (each with its stored overhead), a delete marker for
+            # each key it sent, and B's steady traffic (a record and a marker per put).
+            bound = (
+                limit.bytes
+                + limit.keys * _STORED_OVERHEAD_BYTES
+                + result.sent * _MARKER_BYTES
+                + steady.done * 2 * _B_RECORD_BYTES
+            )
             await eventually_async(functools.partial(_bytes_within, operator, bucket, bound))
 
 
