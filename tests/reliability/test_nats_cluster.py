@@ -204,7 +204,8 @@ async def test_one_replica_buckets_and_stream_grow_to_three_in_place_keeping_the
         # set, so the server's 1,000 applies), a stream without one either.
         client = await nats.connect(cluster.url.split(","))
         names = Names("")
-        js = client.jetstream()
+        # A fresh cluster elects its stream leaders while a loaded machine runs other tests.
+        js = client.jetstream(timeout=30)
         await (await js.create_key_value(bucket=names.inventory_bucket)).put("d.n", b"inventory")
         await js.add_stream(
             api.StreamConfig(
