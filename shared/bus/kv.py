@@ -65,6 +65,8 @@ _WATCH_FAILED = (BusUnavailableError, nats.errors.Error, TimeoutError)
 _MARKER_REASON = "Nats-Marker-Reason"
 _INACTIVE_THRESHOLD_S = 60.0
 _CONSUMER_EXISTS = 10148
+_INFO_TIMEOUT_S = 1.0
+"""How long a watch's start asks after a slot's consumer: one on a dead server never answers."""
 """JetStream's error code for a create whose name is taken by a consumer of another config."""
 # Missed heartbeats before a watch counts its consumer as lost (nats.go's ordered consumer
 # waits as many): one late heartbeat is not a lost consumer.
@@ -176,7 +178,7 @@ async def _bound_to_a_listener(bus: Bus, stream: str, name: str) -> bool:
     """Whether a live process listens to the consumer `name`. One that does not exist, or
     whose server does not answer (it died with the consumer on it), has nobody to lose."""
     try:
-        info = await bus.js.consumer_info(stream, name)
+        info = await bus.js.consumer_info(stream, name, timeout=_INFO_TIMEOUT_S)
     except (nats.js.errors.APIError, nats.errors.TimeoutError, nats.errors.NoRespondersError):
         return False  # NotFoundError included
     return bool(info.push_bound)
