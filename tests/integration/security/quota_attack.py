@@ -117,9 +117,13 @@ async def steady_puts(bus: Bus, bucket: str, *, interval_s: float = 0.02) -> Asy
     steady = Steady()
     assert bus.node
 
+    # A stop flag, not only a cancel: the client library may turn a cancel that lands inside
+    # a put into an error of its own, which the loop below records and goes on from.
+    stopping = asyncio.Event()
+
     async def put_forever() -> None:
         previous = ""
-        while True:
+        while not stopping.is_set():
             key = Names.health_key(DRIVER, bus.node, f"dev{steady.done + len(steady.failed)}")
             try:
                 await bus.kv_put(bucket, key, b"a device's record")
@@ -128,13 +132,15 @@ async def steady_puts(bus: Bus, bucket: str, *, interval_s: float = 0.02) -> Asy
                     await bus.kv_delete(bucket, previous)
                 previous = key
             except Exception as exc:  # every failure is what the test is about
-                steady.failed.append(repr(exc))
+                if not stopping.is_set():
+                    steady.failed.append(repr(exc))
             await asyncio.sleep(interval_s)
 
     task = asyncio.create_task(put_forever())
     try:
         yield steady
     finally:
+        stopping.set()
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
