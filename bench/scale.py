@@ -414,8 +414,7 @@ async def _converge(fleet: Fleet, bus: Bus, kube: KubeClient) -> dict[str, Any]:
     await fleet.api.mark()
     admitted = await fleet.bus.authorized() if fleet.bus is not None else 0
     cpu_before, start = _cpu(fleet), time.monotonic()
-    await fleet.start_workers()
-    cpu_before["agents"] = 0.0  # counted from each worker's first node (`worker_base_cpu_s`)
+    timeout_s = max(120.0, nodes * 0.5)
     probes = 0
     seen = {"inventories": 0, "slice_nodes": 0}
 
@@ -429,10 +428,14 @@ async def _converge(fleet: Fleet, bus: Bus, kube: KubeClient) -> dict[str, Any]:
         return seen["slice_nodes"] >= nodes
 
     try:
-        await _wait(converged, what="convergence", timeout_s=max(120.0, nodes * 0.5))
+        await fleet.start_workers(timeout_s=timeout_s)
+        cpu_before["agents"] = 0.0  # counted from each worker's first node (`worker_base_cpu_s`)
+        await _wait(converged, what="convergence", timeout_s=timeout_s - (time.monotonic() - start))
     except TimeoutError as exc:
+        await fleet.dump_worker_tasks()
         raise TimeoutError(
-            f"{exc}: {seen} of {nodes} nodes (worker logs in {fleet.workdir})"
+            f"{exc or 'the workers did not open every node'}: {seen} of {nodes} nodes"
+            f" (worker logs, with what their tasks wait on, in {fleet.workdir})"
         ) from None
     figures: dict[str, Any] = {"scale_converge_s": round(time.monotonic() - start, 2)}
     spent = _cpu_since(fleet, cpu_before)

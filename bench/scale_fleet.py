@@ -29,6 +29,7 @@ from typing import Any
 
 from bench.scale_apiserver import FleetAPI
 from bench.scale_bus import BusProfile, SecureBus
+from bench.scale_tasks import dump_tasks
 from devcluster.natscluster import NATSCluster
 from devcluster.processes import ChildProcess
 from services.allocation.config import AllocationConfig
@@ -163,7 +164,7 @@ class Fleet:
         finally:
             await kube.close()
 
-    async def start_workers(self) -> None:
+    async def start_workers(self, *, timeout_s: float) -> None:
         """Start the workers, each opening its nodes' agents; return once all are started."""
         workers = math.ceil(self.nodes / NODES_PER_WORKER)
         for index in range(workers):
@@ -187,10 +188,17 @@ class Fleet:
             await worker.start()
             self.workers.append(worker)
         for worker in self.workers:
-            line = await worker.read_line_until(_WORKER_READY, timeout_s=1800)
+            line = await worker.read_line_until(_WORKER_READY, timeout_s=timeout_s)
             found = dict(part.split("=", 1) for part in line.split()[1:])
             self.worker_base_rss_mb += float(found["base_rss_mb"])
             self.worker_base_cpu_s += float(found["base_cpu_s"])
+
+    async def dump_worker_tasks(self) -> None:
+        """Have each worker write what its tasks wait on to its log (`bench.scale_tasks`)."""
+        for pid in self.worker_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGUSR1)
+        await asyncio.sleep(2.0)
 
     def worker_pids(self) -> list[int]:
         return [w.pid for w in self.workers if w.pid is not None]
@@ -252,6 +260,8 @@ class NodeAgents:
     agent_set: str = "all"
     """A key of `AGENT_SETS`."""
     agents: list[Agent] = field(default_factory=list)
+    opening: dict[str, str] = field(default_factory=dict)
+    """Node → the agent it is opening now (for `bench.scale_tasks.dump_tasks`)."""
 
     def _agents_of(self, index: int) -> list[Agent]:
         node = node_name(index)
@@ -295,10 +305,14 @@ class NodeAgents:
 
         async def start(index: int) -> None:
             async with gate:
-                for agent in self._agents_of(index):
+                for name, agent in zip(
+                    AGENT_SETS[self.agent_set], self._agents_of(index), strict=True
+                ):
+                    self.opening[node_name(index)] = name
                     await agent.open(resources)
                     agent.spawn(tg)
                     self.agents.append(agent)
+                del self.opening[node_name(index)]
 
         await asyncio.gather(*(start(i) for i in range(self.first, self.first + self.count)))
 
@@ -309,6 +323,7 @@ async def _serve_nodes(nodes: NodeAgents) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, dump_tasks, nodes.opening)
     base_rss, base_cpu = rss_mb(), cpu_s()
     try:
         async with contextlib.AsyncExitStack() as resources, asyncio.TaskGroup() as tg:

@@ -30,6 +30,7 @@ from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 from shared import metrics, nats_auth, telemetry
 from shared.backoff import Backoff
 from shared.bus import convergence, origin, records, signing, streams
+from shared.bus.connect_watch import ConnectProgress, ConnectStalledError
 from shared.bus.subjects import Names
 from shared.cancellation import reraise_if_cancelling
 from shared.config import NATSSettings
@@ -207,6 +208,7 @@ class Bus:
         # Signed records (`--bus-signatures`): this process's writer key and the readers' check.
         self.records = records.Records(settings, names=self.names, role=component, node=node)
         self._certifying = asyncio.Lock()
+        self._connect_progress = ConnectProgress(connect_timeout_s=settings.connect_timeout_s)
 
     async def run(self) -> None:
         """Eternal task: connect (retrying forever), then keep the connection's epoch current.
@@ -244,6 +246,7 @@ class Bus:
                 return await self._connect_once()
             except (
                 *_UNAVAILABLE,
+                ConnectStalledError,
                 ConfigError,
                 nats_auth.CredentialsUnreadableError,
                 nkeys.NkeysError,
@@ -286,7 +289,7 @@ class Bus:
             # Awaited through `wait`, so a stop reaches this task at once: inside nats-py a
             # cancel that races a completed read is dropped by Python 3.11's `wait_for`, and
             # the connect would go on to wait out its timeout.
-            await asyncio.wait({attempt})
+            await self._connect_progress.wait(attempt)
             attempt.result()
         except BaseException:
             # nats-py leaves the attempt's socket open when it is cancelled or its error
@@ -326,6 +329,7 @@ class Bus:
         # attempt: the place to notice a stop whose cancellation its wait_for swallowed
         # (refused credentials keep that loop spinning, and the agent would never stop).
         reraise_if_cancelling()
+        self._connect_progress.mark()
         event, error = _classify(exc)
         repeated = self._error_gate.admit(error)
         if repeated is None:

@@ -7,8 +7,10 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
+import trustme
 
 from shared.bus.connection import Bus
 from shared.config import NATSSettings
@@ -57,6 +59,52 @@ async def test_a_connect_given_up_half_way_closes_its_socket(stop: str) -> None:
             # Cancelled: the socket closes with the stop. Timed out: nats-py gives the attempt
             # up and the next attempt opens a new socket; the old one is closed either way.
             await asyncio.wait_for(server.closed_by_client.wait(), 5)
+        finally:
+            runner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await runner
+        assert not bus.connected.is_set()
+
+
+class _MuteServer:
+    """Accepts TCP and never says a word: a TLS handshake with it times out."""
+
+    def __init__(self) -> None:
+        self.accepts = 0
+        self.accepted_again = asyncio.Event()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepts += 1
+        if self.accepts > 1:
+            self.accepted_again.set()
+        while await reader.read(4096):
+            pass
+        writer.close()
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[int]:
+        server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        try:
+            yield server.sockets[0].getsockname()[1]
+        finally:
+            server.close()
+
+
+async def test_a_tls_handshake_that_times_out_does_not_stop_the_connect_for_good(
+    tmp_path: Path,
+) -> None:
+    # nats-py alone waits for ever after such a handshake (see shared.bus.connect_watch).
+    ca = tmp_path / "ca.pem"
+    trustme.CA().cert_pem.write_to_path(str(ca))
+    server = _MuteServer()
+    async with server.running() as port:
+        settings = NATSSettings(
+            url=f"tls://127.0.0.1:{port}", tls_ca_file=str(ca), connect_timeout_s=0.2
+        )
+        bus = Bus(settings, name="handshake-timeout")
+        runner = asyncio.create_task(bus.run())
+        try:
+            await asyncio.wait_for(server.accepted_again.wait(), 10)
         finally:
             runner.cancel()
             with contextlib.suppress(asyncio.CancelledError):
