@@ -252,26 +252,21 @@ class CDIWriter:
 
     async def write(self, claim_uid: str, spec: Mapping[str, Any]) -> None:
         """Replace the claim's spec atomically: a runtime never reads half a spec."""
-        data = _encode(spec)
+        await asyncio.to_thread(self.write_blocking, claim_uid, encode(spec))
+
+    def write_blocking(self, claim_uid: str, data: bytes) -> None:
+        """`write` of an `encode`d spec, blocking, for a worker thread."""
         if self.durable:
-            await asyncio.to_thread(
-                atomicfile.write_atomic, self.path(claim_uid), data, mode=_SPEC_MODE
-            )
+            atomicfile.write_atomic(self.path(claim_uid), data, mode=_SPEC_MODE)
         else:
-            await asyncio.to_thread(
-                atomicfile.write_and_rename,
-                self.path(claim_uid),
-                data,
-                mode=_SPEC_MODE,
-                sync=False,
-            )
+            atomicfile.write_and_rename(self.path(claim_uid), data, mode=_SPEC_MODE, sync=False)
         self.writes[claim_uid] += 1
 
     def matches(self, claim_uid: str, spec: Mapping[str, Any]) -> bool:
         """Whether the claim's spec file holds exactly `spec` (at start: a power loss may have
         left a spec that was not written durably empty)."""
         try:
-            return self.path(claim_uid).read_bytes() == _encode(spec)
+            return self.path(claim_uid).read_bytes() == encode(spec)
         except OSError:
             return False
 
@@ -304,5 +299,7 @@ class CDIWriter:
         )
 
 
-def _encode(spec: Mapping[str, Any]) -> bytes:
-    return json.dumps(spec, indent=2, sort_keys=True).encode()
+def encode(spec: Mapping[str, Any]) -> bytes:
+    """The spec file's bytes: compact, since the runtime is the only reader and the C encoder
+    is several times faster than the indenting one, on the prepare path."""
+    return json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()

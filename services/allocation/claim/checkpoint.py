@@ -429,13 +429,27 @@ class CheckpointStore:
                 await self._restore_directory()
                 await self._write(path, data, durable=durable)
         except OSError as exc:
-            raise CheckpointWriteError(
-                f"prepare claim {record.uid}: writing checkpoint {path}: {exc}",
-                claim_uid=record.uid,
-            ) from exc
+            raise self.write_error(record, exc) from exc
+        self.put_done(record)
+
+    def put_unsynced_blocking(self, record: PreparedClaim, data: bytes) -> None:
+        """The file write of `put(record, durable=False)` (`data`: `encode(record)`),
+        blocking, for a worker thread that has other writes to make in the same trip; the
+        caller then calls `put_done`. A lost directory is not restored here:
+        FileNotFoundError tells the caller to `put`."""
+        atomicfile.write_and_rename(self._path(record.uid), data, sync=False)
+
+    def put_done(self, record: PreparedClaim) -> None:
+        """`record` is on disk: it is the claim's record now."""
         self._remember(record)
         self.writes[(record.uid, record.state)] += 1
         self.lost_at_start = False
+
+    def write_error(self, record: PreparedClaim, exc: OSError) -> CheckpointWriteError:
+        return CheckpointWriteError(
+            f"prepare claim {record.uid}: writing checkpoint {self._path(record.uid)}: {exc}",
+            claim_uid=record.uid,
+        )
 
     async def _write(self, path: Path, data: bytes, *, durable: bool) -> None:
         if durable:

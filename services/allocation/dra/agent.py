@@ -26,6 +26,7 @@ from services.allocation.config import AllocationConfig
 from services.allocation.dra.announce import Announcers
 from services.allocation.dra.claim_publisher import PreparedClaimPublisher, lookup_with
 from services.allocation.dra.health_stream import HealthServiceV1, HealthServiceV1Alpha1
+from services.allocation.dra.hot_path import KubeletCalls
 from services.allocation.dra.preparer import ClaimPreparer
 from services.allocation.dra.registration import Registrar, RegistrationService
 from services.allocation.dra.serialize import InstanceLock
@@ -97,6 +98,8 @@ class AllocationAgent:
         self.instance_lock = InstanceLock(
             config.serialize_lock_path if config.rolling_update_uid else None
         )
+        # Background writes (prepared-claims KV, device status) give way to kubelet calls.
+        self.kubelet_calls = KubeletCalls()
         self.preparer: ClaimPreparer | None = None
         self.claim_publisher: PreparedClaimPublisher | None = None
         self.device_status: DeviceStatusPublisher | None = None
@@ -131,7 +134,11 @@ class AllocationAgent:
             kube, driver=config.driver_name, pool=config.pool_name, node=config.node_name
         )
         self.claim_publisher = PreparedClaimPublisher(
-            self.bus, driver=config.driver_name, node=config.node_name, lookup=lookup_with(reader)
+            self.bus,
+            driver=config.driver_name,
+            node=config.node_name,
+            lookup=lookup_with(reader),
+            quiet=self.kubelet_calls.quiet,
         )
         if config.device_status:
             self.device_status = DeviceStatusPublisher(
@@ -140,6 +147,7 @@ class AllocationAgent:
                 node=config.node_name,
                 inventory=self.inventory,
                 board=self.board,
+                quiet=self.kubelet_calls.quiet,
             )
         preparer = ClaimPreparer(
             claims=reader,
@@ -160,6 +168,7 @@ class AllocationAgent:
             device_metadata=device_metadata,
             mps=self.mps,
             vfio=vfio_binder.build(config),
+            calls=self.kubelet_calls,
         )
         self.preparer = preparer
         await preparer.recover()

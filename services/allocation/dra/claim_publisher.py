@@ -40,6 +40,9 @@ __all__ = ["ClaimReading", "PodLookup", "PreparedClaimPublisher", "lookup_with",
 
 log = structlog.get_logger(__name__)
 
+_PIPELINE = 64
+"""Claims whose KV writes are in flight at once."""
+
 PodLookup = Callable[[ClaimRef], Awaitable[Sequence[PodRef]]]
 """The pods a claim is reserved for now (a claim GET); raises ClaimError when it cannot tell."""
 
@@ -101,8 +104,11 @@ class PreparedClaimPublisher:
         node: str,
         lookup: PodLookup,
         clock: Callable[[], float] = time.time,
+        quiet: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
+        """`quiet`: awaited before each batch of writes (`hot_path.KubeletCalls.quiet`)."""
         self._bus = bus
+        self._quiet = quiet or _at_once
         self._driver = driver
         self._node = node
         self._lookup = lookup
@@ -291,16 +297,27 @@ class PreparedClaimPublisher:
                 self._dirty.add(uid)
 
     async def _flush(self) -> None:
-        for uid in sorted(self._dirty):
-            if uid in self._records and uid not in self._pods:
-                continue  # written once its pods are known
+        """Pipelined: the puts and deletes of up to `_PIPELINE` claims go out together and
+        their acks are awaited together (one flush to NATS instead of one per claim)."""
+        for _ in range(0, len(self._dirty), _PIPELINE):  # what is dirty now; later: next run
+            await self._quiet()
+            batch = [u for u in sorted(self._dirty) if self._ready(u)][:_PIPELINE]
+            if not batch:
+                return
             # Taken off first: a prepare or unprepare during the write marks it again.
-            self._dirty.discard(uid)
-            try:
-                await self._write(uid)
-            except BusUnavailableError:
-                self._dirty.add(uid)
-                raise
+            self._dirty.difference_update(batch)
+            async with self._writing:
+                outcomes = await asyncio.gather(
+                    *(self._write_now(uid) for uid in batch), return_exceptions=True
+                )
+            failures = [(u, o) for u, o in zip(batch, outcomes, strict=True) if o is not None]
+            self._dirty.update(u for u, o in failures if isinstance(o, BusUnavailableError))
+            if failures:
+                raise failures[0][1]
+
+    def _ready(self, uid: str) -> bool:
+        """Whether the claim's key can be written: a prepared claim's pods are known."""
+        return uid not in self._records or uid in self._pods
 
     async def _write(self, uid: str) -> None:
         async with self._writing:
@@ -326,6 +343,10 @@ class PreparedClaimPublisher:
             await self._bus.kv_put(bucket, key, blob)
             self._written[uid] = blob
             log.debug("prepared_claim_written", claim_uid=uid, pods=len(message.pods))
+
+
+async def _at_once() -> None:
+    return
 
 
 def _decoded(change: kv.KVChange) -> claim_pb2.PreparedClaim | None:

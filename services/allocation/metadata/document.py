@@ -180,11 +180,13 @@ def _ordered(value: Any, field: str = "") -> Any:
 
 
 def encode_stream(body: Mapping[str, Any], versions: Sequence[str] = API_VERSIONS) -> bytes:
-    """The file: `body` once per version, newest first, each object on its own lines, its
-    fields in the Go types' order, so that the same body always gives the same bytes."""
+    """The file: `body` once per version, newest first, each object compact on a line of its
+    own, its fields in the Go types' order, so that the same body always gives the same
+    bytes."""
     return b"".join(
         json.dumps(
-            _ordered({"kind": KIND, "apiVersion": f"{API_GROUP}/{version}", **body}), indent=2
+            _ordered({"kind": KIND, "apiVersion": f"{API_GROUP}/{version}", **body}),
+            separators=(",", ":"),
         ).encode()
         + b"\n"
         for version in versions

@@ -56,15 +56,23 @@ class MetadataFiles:
     ) -> None:
         """Write the file of each request (`bodies`: request -> version-less document)."""
         if bodies:
-            await asyncio.to_thread(self._write, claim_uid, bodies, spec)
+            await asyncio.to_thread(self.write_blocking, self.encoded(claim_uid, bodies, spec))
 
-    def _write(self, claim_uid: str, bodies: Mapping[str, Mapping[str, Any]], spec: Spec) -> None:
+    def encoded(
+        self, claim_uid: str, bodies: Mapping[str, Mapping[str, Any]], spec: Spec = None
+    ) -> list[tuple[Path, bytes]]:
+        """Each request's file and its bytes, for `write_blocking`."""
+        return [
+            (self.path(claim_uid, request, spec), document.encode_stream(body))
+            for request, body in bodies.items()
+        ]
+
+    def write_blocking(self, files: Iterable[tuple[Path, bytes]]) -> None:
+        """Write `encoded` files: the blocking part of `write`, for a worker thread."""
         atomicfile.make_dirs(self.root, mode=_LEGACY_DIR_MODE)
-        for request, body in bodies.items():
-            path = self.path(claim_uid, request, spec)
+        for path, data in files:
             if path.parent != self.root:
                 atomicfile.make_dirs(path.parent, mode=_LEGACY_DIR_MODE)
-            data = document.encode_stream(body)
             if self.durable:
                 atomicfile.write_atomic(path, data, mode=_FILE_MODE)
             else:

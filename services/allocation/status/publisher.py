@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -65,8 +65,11 @@ class DeviceStatusPublisher:
         inventory: InventorySource,
         board: HealthBoard,
         clock: Callable[[], float] = time.time,
+        quiet: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
+        """`quiet`: awaited before each claim's write (`hot_path.KubeletCalls.quiet`)."""
         self._kube = kube
+        self._quiet = quiet or _at_once
         self._driver = driver
         self._node = node
         self._inventory = inventory
@@ -151,6 +154,7 @@ class DeviceStatusPublisher:
     async def _flush(self) -> None:
         health = self._health()
         for uid in sorted(self._dirty):
+            await self._quiet()
             record = self._dirty.pop(uid)
             wanted = self._entries(record, health) if uid in self._records else []
             try:
@@ -207,6 +211,10 @@ class DeviceStatusPublisher:
             log.debug("device_status_written", claim_uid=record.uid, devices=len(wanted))
             return
         raise KubeConflictError(f"update status of resourceclaim {record.namespace}/{record.name}")
+
+
+async def _at_once() -> None:
+    return
 
 
 async def _first(*waits: Any) -> None:

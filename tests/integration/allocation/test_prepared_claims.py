@@ -151,3 +151,38 @@ async def test_a_restarted_agent_reasserts_its_checkpointed_claims(plugin_node: 
         found = await _until(bus, claim.uid, lambda f: f is not None)
         assert _pods(found) == [("default", "k", "uid-k")]
         await _until(bus, gone.uid, lambda f: f is None)
+
+
+async def test_back_to_back_prepares_each_get_their_record_and_device_status(
+    plugin_node: PluginNode,
+):
+    """The background writes are deferred while calls are in flight and pipelined, never
+    dropped: every claim of a burst gets its KV record and its status.devices entry, and
+    loses both after one unprepare call for them all."""
+    node = plugin_node
+    async with node.registered() as (agent, kubelet):
+        await node.publish_inventory("npu-0", "npu-1")
+        await node.eventually(lambda: agent.inventory.current is not None)
+        claims = [
+            node.allocate(f"burst-{i}", [f"npu-{i % 2}"], pods={f"pod-{i}": f"pod-uid-{i}"})
+            for i in range(30)
+        ]
+        for claim in claims:
+            assert (await kubelet.prepare([claim])).claims[claim.uid].error == ""
+
+        def status_devices(claim_name: str) -> list[str]:
+            stored = node.api.get_object("resourceclaims", claim_name, "default")
+            assert stored is not None
+            devices = (stored.get("status") or {}).get("devices") or []
+            return [d["device"] for d in devices if d["driver"] == DRIVER]
+
+        for i, claim in enumerate(claims):
+            found = await _until(node.bus, claim.uid, lambda f: f is not None)
+            assert _pods(found) == [("default", f"pod-{i}", f"pod-uid-{i}")]
+            await node.eventually(lambda c=claim.name, d=f"npu-{i % 2}": status_devices(c) == [d])
+
+        answer = await kubelet.unprepare(claims)
+        assert {uid: a.error for uid, a in answer.claims.items()} == {c.uid: "" for c in claims}
+        for claim in claims:
+            await _until(node.bus, claim.uid, lambda f: f is None)
+            await node.eventually(lambda c=claim.name: status_devices(c) == [])

@@ -111,7 +111,7 @@ async def test_a_vm_claim_gets_vfio_and_its_gpu_goes_back_to_its_driver(plugin_n
         (mount,) = edits["mounts"]
         host = node.config.metadata_dir / f"{claim.uid}_npu.json"
         assert mount["hostPath"] == str(host)
-        first = json.loads(host.read_text().split("\n}\n")[0] + "\n}")
+        first, _ = json.JSONDecoder().raw_decode(host.read_text())
         (entry,) = first["requests"][0]["devices"]
         assert entry["attributes"]["resource.kubernetes.io/pciBusID"] == {"string": BDF}
         assert _state(root) == ON_VFIO

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import uuid
 from typing import Any
 
@@ -17,6 +18,7 @@ from services.allocation.claim.checkpoint import (
     PreparedDevice,
     PreparedPartition,
 )
+from services.allocation.dra.hot_path import KubeletCalls
 from services.allocation.node_view.health_board import HealthBoard
 from services.allocation.status import entries
 from services.allocation.status.publisher import DeviceStatusPublisher
@@ -278,3 +280,35 @@ async def test_a_deallocated_or_deleted_claim_is_not_written(rig):
     rig.publisher.prepared(_record(str(uuid.uuid4()), "gpu-0"), pods=None)
     await rig.settled()
     assert rig.api.puts == []
+
+
+async def test_writes_wait_while_a_kubelet_call_is_in_flight_and_then_land_for_every_claim():
+    calls = KubeletCalls(max_delay_s=30)
+    api = FakeClaimStatusAPI()
+    board = HealthBoard(pool=NODE, clock=lambda: T0)
+    board.set_devices(["gpu-0"])
+    publisher = DeviceStatusPublisher(
+        api, driver=DRIVER, node=NODE, inventory=_Inventory(), board=board, clock=lambda: T0,
+        quiet=calls.quiet,
+    )  # fmt: skip
+    task = asyncio.create_task(publisher.run())
+    try:
+        names = [f"claim-{i}" for i in range(20)]
+        with calls.busy():
+            for name in names:
+                uid = str(uuid.uuid4())
+                claim = _claim(uid, "gpu-0")
+                claim["metadata"]["name"] = name
+                api.put(claim)
+                # Returns at once: the prepare that announces it never waits for the write.
+                publisher.prepared(dataclasses.replace(_record(uid, "gpu-0"), name=name), pods=None)
+            await asyncio.sleep(0.05)
+            assert api.puts == []  # nothing written while the call is in flight
+        await asyncio.wait_for(publisher.idle.wait(), 5)
+        for name in names:
+            devices = api.claim("default", name)["status"]["devices"]
+            assert [(d["driver"], d["device"]) for d in devices] == [(DRIVER, "gpu-0")]
+        assert len(api.puts) == len(names)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
