@@ -80,6 +80,7 @@ BURST = 10_000
 _AUDIT = "scale-audit"
 _SETTLE_S = 15.0
 _SETTLE_WINDOW_S = 10.0
+_PROGRESS_EVERY_S = 15.0
 _HEALTH_REFRESH_S = 600.0  # the health agents' default --health-refresh-s
 
 
@@ -89,6 +90,21 @@ async def _wait(probe: Any, *, what: str, timeout_s: float, every_s: float = 1.0
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what} not within {timeout_s}s")
         await asyncio.sleep(every_s)
+
+
+async def _report_progress(fleet: Fleet, bus: Bus, *, start: float) -> None:
+    """Every `_PROGRESS_EVERY_S` while the fleet converges, a line on stderr: how far it got
+    (inventories on the bus, agents connected, connects the auth service admitted)."""
+    while True:
+        await asyncio.sleep(_PROGRESS_EVERY_S)
+        connections = sum(v.get("connections", 0) for v in await asyncio.to_thread(fleet.varz))
+        admitted = await fleet.bus.authorized() if fleet.bus is not None else None
+        print(
+            f"converging: {time.monotonic() - start:.0f}s, {await _inventories(bus)} of"
+            f" {fleet.nodes} inventories, {connections} connections, admitted {admitted}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 async def _inventories(bus: Bus) -> int:
@@ -427,6 +443,7 @@ async def _converge(fleet: Fleet, bus: Bus, kube: KubeClient) -> dict[str, Any]:
         seen["slice_nodes"] = await _slice_nodes(kube)
         return seen["slice_nodes"] >= nodes
 
+    reporter = asyncio.create_task(_report_progress(fleet, bus, start=start))
     try:
         await fleet.start_workers(timeout_s=timeout_s)
         cpu_before["agents"] = 0.0  # counted from each worker's first node (`worker_base_cpu_s`)
@@ -437,6 +454,8 @@ async def _converge(fleet: Fleet, bus: Bus, kube: KubeClient) -> dict[str, Any]:
             f"{exc or 'the workers did not open every node'}: {seen} of {nodes} nodes"
             f" (worker logs, with what their tasks wait on, in {fleet.workdir})"
         ) from None
+    finally:
+        reporter.cancel()
     figures: dict[str, Any] = {"scale_converge_s": round(time.monotonic() - start, 2)}
     spent = _cpu_since(fleet, cpu_before)
     figures |= {f"scale_converge_cpu_s_{k}": v for k, v in spent.items()}

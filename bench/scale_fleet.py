@@ -23,6 +23,7 @@ import signal
 import sys
 import urllib.request
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -220,9 +221,10 @@ class Fleet:
                 found.append(json.load(answer))
         return found
 
-    def client_msgs(self) -> Counter[str]:
+    def client_msgs(self, nodes: Collection[str] | None = None) -> Counter[str]:
         """Messages the agents' connections published so far, summed over the servers, by
-        agent (connection names `dra-<agent>/<node>` or `dra-<agent>-<node>`)."""
+        agent (connection names `dra-<agent>/<node>` or `dra-<agent>-<node>`); only those of
+        `nodes` if given."""
         total: Counter[str] = Counter()
         for port in self.nats.monitor_ports:
             url = f"http://127.0.0.1:{port}/connz?limit=100000"
@@ -230,6 +232,8 @@ class Fleet:
                 connections = json.load(answer)["connections"] or []
             for connection in connections:
                 name = connection.get("name", "")
+                if nodes is not None and not any(name.endswith(n) for n in nodes):
+                    continue
                 if name.startswith("dra-") and not name.startswith("dra-nats-auth"):
                     agent = name.removeprefix("dra-").split("/")[0].split("-")[0]
                     total[agent] += connection["in_msgs"]

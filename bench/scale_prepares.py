@@ -47,7 +47,8 @@ async def measure(fleet: Fleet, kube: KubeClient, *, seconds: float) -> dict[str
     staged = await asyncio.gather(*(ready(i) for i in chosen))
     try:
         await fleet.api.mark()
-        msgs_before = fleet.client_msgs()
+        claimed = {node_name(i) for i in chosen}
+        msgs_before = fleet.client_msgs(claimed)
         start = time.monotonic()
         results = await asyncio.gather(
             *(
@@ -55,7 +56,7 @@ async def measure(fleet: Fleet, kube: KubeClient, *, seconds: float) -> dict[str
                 for n, (kubelet, claim) in enumerate(staged)
             )
         )
-        msgs = fleet.client_msgs()
+        msgs = fleet.client_msgs(claimed)
         msgs.subtract(msgs_before)
         calls = await fleet.api.since_mark()
     finally:

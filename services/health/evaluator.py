@@ -22,6 +22,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
+from typing import Any
 
 import structlog
 from opentelemetry import context as otel_context
@@ -67,6 +68,8 @@ class HealthEvaluator:
         self._pod_events = pod_events
         self._node = node
         self._recorder = recorder
+        # Each device's last record and what it was made from (see `_records`).
+        self._made: dict[str, tuple[tuple[Any, ...], health_pb2.DeviceHealth]] = {}
         self._taints = taints
         self._events = events
         self._alerts = alerts
@@ -224,20 +227,37 @@ class HealthEvaluator:
             log.info("health_records_loaded", node=self._node, devices=len(loaded))
 
     def _records(self, now: float) -> dict[str, health_pb2.DeviceHealth]:
+        """Each device's record; one whose inputs did not change since the last evaluation is
+        the same object as then (an idle node evaluates every poll interval)."""
         driver = self._settings.driver
         wanted = {device: self._wanted_taints(state) for device, state in self._states.items()}
         taints = self._taint_times.stamp(wanted, now=now)
-        return {
-            device: to_record(
+        records: dict[str, health_pb2.DeviceHealth] = {}
+        made: dict[str, tuple[tuple[Any, ...], health_pb2.DeviceHealth]] = {}
+        for device, state in self._states.items():
+            applied = self._taints.applied(state.taint)
+            inputs = (
                 state,
-                driver=driver,
-                node=self._node,
-                pool=self._pool,
-                taint=self._taints.applied(state.taint),
-                taints=taints[device],
+                self._pool,
+                applied,
+                [(t.key, t.value, t.effect, t.time_added_unix_ms) for t in taints[device]],
             )
-            for device, state in self._states.items()
-        }
+            before = self._made.get(device)
+            if before is not None and before[0] == inputs:
+                record = before[1]
+            else:
+                record = to_record(
+                    state,
+                    driver=driver,
+                    node=self._node,
+                    pool=self._pool,
+                    taint=applied,
+                    taints=taints[device],
+                )
+            made[device] = (inputs, record)
+            records[device] = record
+        self._made = made
+        return records
 
     def _wanted_taints(self, state: DeviceState) -> list[Taint]:
         drain = self._taints.drain_taint(state.device)

@@ -167,7 +167,8 @@ class SimBackend:
                 await self._check_file(self.path)
 
     async def _check_file(self, path: Path) -> None:
-        stamp = await asyncio.to_thread(_stamp, path)
+        # Inline: one stat of a local file costs microseconds, a thread hop many times that.
+        stamp = _stamp(path)
         if stamp is None or stamp == self._stamp:
             return
         self._stamp = stamp
