@@ -44,6 +44,7 @@ import contextlib
 import json
 import os
 import random
+import resource
 import subprocess
 import sys
 import tempfile
@@ -92,15 +93,52 @@ async def _wait(probe: Any, *, what: str, timeout_s: float, every_s: float = 1.0
         await asyncio.sleep(every_s)
 
 
-async def _report_progress(fleet: Fleet, bus: Bus, *, start: float) -> None:
-    """Every `_PROGRESS_EVERY_S` while the fleet converges, a line on stderr: how far it got
-    (inventories on the bus, agents connected, connects the auth service admitted)."""
+class _Published:
+    """Node-seconds of published inventories while the fleet converges: how long the nodes
+    that were up already sat at rest, each costing the at-rest CPU meanwhile."""
+
+    def __init__(self, start: float) -> None:
+        self.node_s = 0.0
+        self._last = (start, 0)
+
+    def sample(self, inventories: int) -> None:
+        now = time.monotonic()
+        at, before = self._last
+        self.node_s += (now - at) * (before + inventories) / 2
+        self._last = (now, inventories)
+
+    @property
+    def last(self) -> int:
+        return self._last[1]
+
+
+def _start_cost(figures: dict[str, Any], *, nodes: int) -> dict[str, Any]:
+    """The agents' CPU per node to start, as a real node spends it: the convergence CPU less
+    what the nodes already up spent at rest meanwhile (the at-rest window's rate times their
+    node-seconds). On one machine the fleet starts a few nodes at a time, so that the more
+    nodes, the longer the early ones idle inside `scale_converge_cpu_ms_per_node`."""
+    at_rest_per_node_s = figures["scale_steady_cpu_s_agents"] / figures["scale_steady_s"] / nodes
+    idle_s = at_rest_per_node_s * figures["scale_converge_node_s"]
+    start_s = figures["scale_converge_cpu_s_agents"] - idle_s
+    return {
+        "scale_rest_cpu_ms_per_node_min": round(at_rest_per_node_s * 60_000, 2),
+        "scale_converge_idle_cpu_s_agents": round(idle_s, 1),
+        "scale_start_cpu_ms_per_node": round(start_s * 1000 / nodes, 1),
+    }
+
+
+async def _report_progress(fleet: Fleet, bus: Bus, published: _Published, *, start: float) -> None:
+    """While the fleet converges: the inventories on the bus every second (`published`), and
+    every `_PROGRESS_EVERY_S` a line on stderr of how far it got (inventories, agents
+    connected, connects the auth service admitted)."""
     while True:
-        await asyncio.sleep(_PROGRESS_EVERY_S)
+        for _ in range(int(_PROGRESS_EVERY_S)):
+            await asyncio.sleep(1.0)
+            published.sample(await _inventories(bus))
         connections = sum(v.get("connections", 0) for v in await asyncio.to_thread(fleet.varz))
         admitted = await fleet.bus.authorized() if fleet.bus is not None else None
         print(
-            f"converging: {time.monotonic() - start:.0f}s, {await _inventories(bus)} of"
+            f"converging: {time.monotonic() - start:.0f}s, {published.last} of"
             f" {fleet.nodes} inventories, {connections} connections, admitted {admitted}",
             file=sys.stderr,
             flush=True,
@@ -373,7 +411,11 @@ async def _audit(bus: Bus) -> Counter[str]:
             await msg.ack()
 
 
-async def _dractl_health_all_s(fleet: Fleet) -> float:
+async def _dractl_health_all(fleet: Fleet) -> dict[str, float]:
+    """`dractl health --all-nodes -o json` as an operator runs it: its wall time on this
+    machine (shared with the fleet's agents) and its own CPU, which is what it would take on
+    an operator's machine of its own."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
     process = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -394,7 +436,12 @@ async def _dractl_health_all_s(fleet: Fleet) -> float:
     counts = json.loads(out)["counts"]
     if process.returncode != 0 or counts["nodes"] != fleet.nodes:
         raise RuntimeError(f"dractl health --all-nodes: {counts} {err.decode()[-500:]}")
-    return elapsed
+    spent = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = spent.ru_utime + spent.ru_stime - children.ru_utime - children.ru_stime
+    return {
+        "scale_dractl_health_all_s": round(elapsed, 2),
+        "scale_dractl_health_all_cpu_s": round(cpu_s, 2),
+    }
 
 
 async def measure(
@@ -431,19 +478,21 @@ async def _converge(fleet: Fleet, bus: Bus, kube: KubeClient) -> dict[str, Any]:
     admitted = await fleet.bus.authorized() if fleet.bus is not None else 0
     cpu_before, start = _cpu(fleet), time.monotonic()
     timeout_s = max(120.0, nodes * 0.5)
+    published = _Published(start)
     probes = 0
     seen = {"inventories": 0, "slice_nodes": 0}
 
     async def converged() -> bool:
         nonlocal probes
         seen["inventories"] = await _inventories(bus)
+        published.sample(seen["inventories"])
         if seen["inventories"] < nodes:
             return False
         probes += 1
         seen["slice_nodes"] = await _slice_nodes(kube)
         return seen["slice_nodes"] >= nodes
 
-    reporter = asyncio.create_task(_report_progress(fleet, bus, start=start))
+    reporter = asyncio.create_task(_report_progress(fleet, bus, published, start=start))
     try:
         await fleet.start_workers(timeout_s=timeout_s)
         cpu_before["agents"] = 0.0  # counted from each worker's first node (`worker_base_cpu_s`)
@@ -457,6 +506,8 @@ async def _converge(fleet: Fleet, bus: Bus, kube: KubeClient) -> dict[str, Any]:
     finally:
         reporter.cancel()
     figures: dict[str, Any] = {"scale_converge_s": round(time.monotonic() - start, 2)}
+    published.sample(nodes)
+    figures["scale_converge_node_s"] = round(published.node_s)
     spent = _cpu_since(fleet, cpu_before)
     figures |= {f"scale_converge_cpu_s_{k}": v for k, v in spent.items()}
     figures["scale_converge_cpu_ms_per_node"] = round(spent["agents"] * 1000 / nodes, 1)
@@ -496,10 +547,11 @@ async def _phases(
         figures["scale_alerts_lost"] = len(expected - set(seen))
 
     async def dractl() -> None:
-        figures["scale_dractl_health_all_s"] = round(await _dractl_health_all_s(fleet), 2)
+        figures.update(await _dractl_health_all(fleet))
 
     async def steady() -> None:
         figures.update(await _steady(fleet, bus, seconds=steady_s))
+        figures.update(_start_cost(figures, nodes=fleet.nodes))
 
     async def steady_busy() -> None:
         figures.update(await _steady_busy(fleet, bus, seconds=steady_s))

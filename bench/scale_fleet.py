@@ -64,6 +64,8 @@ _START_CONCURRENCY = 200
 """Nodes opening their agents at a time, over all workers: more only queue for the CPU until
 their API and NATS requests time out, and retry."""
 NODES_PER_WORKER = 1000
+_CONNECT_WAIT_S = 60.0
+"""The longest a node holds the start gate waiting for its agents' first connects."""
 AGENT_SETS = {
     "all": ("discovery", "health", "allocation"),
     "discovery+health": ("discovery", "health"),
@@ -308,15 +310,24 @@ class NodeAgents:
         gate = asyncio.Semaphore(self.start_concurrency)
 
         async def start(index: int) -> None:
+            node = node_name(index)
             async with gate:
-                for name, agent in zip(
-                    AGENT_SETS[self.agent_set], self._agents_of(index), strict=True
-                ):
-                    self.opening[node_name(index)] = name
+                opened = self._agents_of(index)
+                for name, agent in zip(AGENT_SETS[self.agent_set], opened, strict=True):
+                    self.opening[node] = name
                     await agent.open(resources)
                     agent.spawn(tg)
                     self.agents.append(agent)
-                del self.opening[node_name(index)]
+                # The gate holds a node until its agents are on the bus: they connect in the
+                # background, and a whole worker's TLS handshakes at once on one event loop
+                # outlast their connect timeout and are all tried again, and again.
+                self.opening[node] = "bus"
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(_CONNECT_WAIT_S):
+                        for agent in opened:
+                            if agent.bus is not None:
+                                await agent.bus.connected.wait()
+                del self.opening[node]
 
         await asyncio.gather(*(start(i) for i in range(self.first, self.first + self.count)))
 

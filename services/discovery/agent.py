@@ -65,6 +65,11 @@ class DiscoveryAgent:
         self._taints: taints.DeviceTaints | None = None
         self._reporter: ScanReporter | None = None
 
+    @property
+    def bus(self) -> Bus | None:
+        """The agent's NATS connection, once `open` made it."""
+        return self._bus
+
     async def open(self, resources: contextlib.AsyncExitStack) -> None:
         config = self.config
         backend = self.backend

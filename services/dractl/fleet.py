@@ -54,9 +54,20 @@ def where(glob: str, *, driver: str) -> str:
     return f"matching {glob}" if glob != "*" else f"for driver {driver}"
 
 
-async def latest(bus: Bus, bucket: str, driver: str) -> list[tuple[str, bytes]]:
-    """(key, value) of every live key of `driver` in `bucket`."""
-    return await reading.latest_values(bus, bucket, f"{token(driver)}.>")
+async def latest(
+    bus: Bus,
+    bucket: str,
+    driver: str,
+    *,
+    skipped: Callable[[MalformedMessageError], None] = queries.to_stderr,
+) -> list[tuple[str, bytes]]:
+    """(key, value) of every live key of `driver` in `bucket`; with signatures on, a value
+    not signed by its key's owner goes to `skipped`, as one that does not decode."""
+
+    def refused(key: str, reason: str) -> None:
+        skipped(MalformedMessageError(f"{key}: not signed by its owner ({reason})", subject=key))
+
+    return await reading.latest_values(bus, bucket, f"{token(driver)}.>", refused=refused)
 
 
 def decoded(
@@ -89,6 +100,6 @@ async def inventories(
     skipped: Callable[[MalformedMessageError], None] = queries.to_stderr,
 ) -> list[inventory_pb2.Inventory]:
     """Every matching node's inventory, by node name."""
-    entries = await latest(bus, bus.names.inventory_bucket, driver)
+    entries = await latest(bus, bus.names.inventory_bucket, driver, skipped=skipped)
     found = decoded(entries, inventory_pb2.Inventory, node_glob=node_glob, skipped=skipped)
     return sorted(found, key=lambda inv: inv.node)

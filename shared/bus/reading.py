@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 
 import nats.errors
@@ -80,10 +80,17 @@ async def bind_bucket(bus: Bus, bucket: str) -> ReadOnlyBucket | None:
     return ReadOnlyBucket(bucket, checked(bus, bucket, store))
 
 
-async def latest_values(bus: Bus, bucket: str, keys: str) -> list[tuple[str, bytes]]:
+async def latest_values(
+    bus: Bus,
+    bucket: str,
+    keys: str,
+    *,
+    refused: Callable[[str, str], None] | None = None,
+) -> list[tuple[str, bytes]]:
     """(key, value) of every live key matching `keys` (a subject filter: `driver.>`), sorted,
     from one ordered consumer: a request per key would take minutes on thousands of keys.
-    None at all when the bucket does not exist."""
+    None at all when the bucket does not exist. With signatures on, a value its key's owner
+    did not sign is left out and given to `refused` (key, reason)."""
     prefix = bus.names.kv_subject(bucket, "")
     found: dict[str, bytes] = {}
     done = asyncio.Event()
@@ -92,8 +99,12 @@ async def latest_values(bus: Bus, bucket: str, keys: str) -> list[tuple[str, byt
         key = msg.subject[len(prefix) :]
         if (msg.headers or {}).get(_KV_OPERATION) in _KV_REMOVALS:
             found.pop(key, None)
-        else:
+        elif (check := bus.check_message(msg, event="kv_entry_dropped")).ok:
             found[key] = msg.data
+        else:
+            found.pop(key, None)
+            if refused is not None:
+                refused(key, check.reason)
         if msg.metadata.num_pending == 0:
             done.set()
 

@@ -26,6 +26,11 @@ from shared.vendors.nvidia.mig import H100_80GB
 
 # libyaml when PyYAML has it (the wheels do): a profile parses about ten times faster.
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# Profiles parsed in this process, by path and content: the agents of one process (discovery
+# and health, or a simulated fleet's thousands) share one parse. A profile is never changed
+# in place (a reload parses the new content).
+_parsed: dict[tuple[str, str], SimProfile] = {}
+_PARSED_KEPT = 16
 
 __all__ = [
     "H100_MIG_PROFILES",
@@ -115,11 +120,17 @@ def load(name_or_path: str) -> SimProfile:
             f"sim profile {name_or_path!r}: {exc.strerror or exc}; shipped: {', '.join(shipped())}",
             field="sim_profile",
         ) from exc
+    if (parsed := _parsed.get((str(path), text))) is not None:
+        return parsed
     try:
         document = yaml.load(text, Loader=_YAML_LOADER)
     except yaml.YAMLError as exc:
         raise ConfigError(f"sim profile {path}: not YAML: {exc}", field="sim_profile") from exc
-    return parse(document, source=str(path))
+    parsed = parse(document, source=str(path))
+    if len(_parsed) >= _PARSED_KEPT:
+        _parsed.pop(next(iter(_parsed)))
+    _parsed[(str(path), text)] = parsed
+    return parsed
 
 
 def parse(document: Any, *, source: str) -> SimProfile:

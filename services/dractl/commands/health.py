@@ -133,7 +133,7 @@ async def fleet_health(
     """Every matching node's health records, with the devices no record covers yet."""
     nodes, entries = await asyncio.gather(
         fleet.inventories(bus, driver=driver, node_glob=node_glob, skipped=skipped),
-        fleet.latest(bus, bus.names.health_bucket, driver),
+        fleet.latest(bus, bus.names.health_bucket, driver, skipped=skipped),
     )
     records = fleet.decoded(entries, health_pb2.DeviceHealth, node_glob=node_glob, skipped=skipped)
     seen = {(r.node, r.device) for r in records}

@@ -25,7 +25,7 @@ import pytest
 from devcluster.apiserver import APIServerEmulator
 from services.discovery.agent import DiscoveryAgent
 from services.discovery.config import DiscoveryConfig
-from services.dractl import queries
+from services.dractl import fleet, queries
 from services.health import alerts as health_alerts
 from shared import metrics
 from shared.bus import codec, kv
@@ -267,3 +267,29 @@ async def _alerts(admin: Bus, skipped: list[MalformedMessageError]) -> list[aler
     skipped.clear()
     found = [a async for a in queries.alerts(admin, follow=False, last=10, skipped=skipped.append)]
     return found if len(found) + len(skipped) >= 3 else []
+
+
+async def test_dractl_across_nodes_shows_no_value_its_keys_owner_did_not_sign(
+    kube: APIServerEmulator, tmp_path: Path
+):
+    async with callout_stack(kube, tmp_path, signatures="enforce") as stack:
+        # Node A signs an inventory naming node B on its own key, and has the server copy it
+        # onto B's key (B runs no agent here to put its own back).
+        forged = inventory_pb2.Inventory(driver=DRIVER, node=B, generation=2**63 - 1)
+        forged.devices.add(name="gpu-0")
+        settings_a = await stack.agent_settings("dra-discovery", A)
+        async with connected(settings_a, component="discovery", node=A) as discovery_a:
+            await discovery_a.kv_put(N.inventory_bucket, INVENTORY_A, codec.encode(forged))
+        await _redirect_to(stack, N.kv_subject(N.inventory_bucket, INVENTORY_B), headers={})
+        async with connected(stack.settings(await stack.token(OPERATOR)),
+                             component="operator") as admin:  # fmt: skip
+            for _ in range(100):  # until the server stored the copy on B's key
+                skipped: list[MalformedMessageError] = []
+                shown = await fleet.inventories(admin, driver=DRIVER, skipped=skipped.append)
+                if len(skipped) == 2:
+                    break
+                await asyncio.sleep(0.1)
+    assert shown == []
+    reasons = sorted(str(exc) for exc in skipped)
+    assert any(INVENTORY_B in r and "not signed by its owner" in r for r in reasons), reasons
+    assert any(INVENTORY_A in r and "node-b" in r for r in reasons), reasons  # key vs content

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -91,3 +92,14 @@ def test_gpu_shared_has_one_shared_gpu_and_one_exclusive_gpu():
 @pytest.mark.parametrize("name", ["mixed", "ascend-910b", "gpu"])
 def test_the_older_profiles_use_neither_mig_nor_sharing(name):
     assert all(not d.mig_profiles and not d.shared for d in profile.load(name).devices)
+
+
+def test_a_profile_file_is_parsed_once_per_content(tmp_path: Path) -> None:
+    path = tmp_path / "lab.yaml"
+    lab = "kind: SimProfile\nmetadata: {name: lab}\ndevices:\n  - {name: %s, kind: gpu}\n"
+    path.write_text(lab % "gpu-0")
+    first = profile.load(str(path))
+    assert profile.load(str(path)) is first  # the agents of one process share the parse
+    path.write_text(lab % "gpu-1")
+    changed = profile.load(str(path))
+    assert [d.name for d in changed.devices] == ["gpu-1"]
