@@ -6,6 +6,7 @@ once NATS is back), and a restarted agent re-asserts what its checkpoint holds."
 from __future__ import annotations
 
 import asyncio
+import functools
 import shutil
 import tempfile
 import time
@@ -179,10 +180,16 @@ async def test_back_to_back_prepares_each_get_their_record_and_device_status(
         for i, claim in enumerate(claims):
             found = await _until(node.bus, claim.uid, lambda f: f is not None)
             assert _pods(found) == [("default", f"pod-{i}", f"pod-uid-{i}")]
-            await node.eventually(lambda c=claim.name, d=f"npu-{i % 2}": status_devices(c) == [d])
+            await node.eventually(
+                functools.partial(_lists, status_devices, claim.name, [f"npu-{i % 2}"])
+            )
 
         answer = await kubelet.unprepare(claims)
         assert {uid: a.error for uid, a in answer.claims.items()} == {c.uid: "" for c in claims}
         for claim in claims:
             await _until(node.bus, claim.uid, lambda f: f is None)
-            await node.eventually(lambda c=claim.name: status_devices(c) == [])
+            await node.eventually(functools.partial(_lists, status_devices, claim.name, []))
+
+
+def _lists(read: Callable[[str], list[str]], name: str, expected: list[str]) -> bool:
+    return read(name) == expected
