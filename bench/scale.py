@@ -617,7 +617,8 @@ def main() -> None:
         else "open (no auth callout, no TLS), 3-server JetStream cluster, R3"
     )
     results: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
-    results.update(figures)
+    # One run's figures, none left over from another run (another size, bus or agent set).
+    results = {k: v for k, v in results.items() if not k.startswith("scale_")} | figures
     args.out.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
     print(json.dumps(figures, indent=2, sort_keys=True))
 
