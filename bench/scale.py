@@ -82,6 +82,7 @@ _AUDIT = "scale-audit"
 _SETTLE_S = 15.0
 _SETTLE_WINDOW_S = 10.0
 _PROGRESS_EVERY_S = 15.0
+_STORM_QUIET_S = 5.0
 _HEALTH_REFRESH_S = 600.0  # the health agents' default --health-refresh-s
 
 
@@ -350,13 +351,19 @@ async def _storm(bus: Bus, fleet: Fleet) -> tuple[dict[str, float], set[str]]:
         refused.append(error)
 
     await asyncio.gather(*(fail(i, n, d) for i, (n, d) in enumerate(failed)))
+    # A command that timed out at this end may still have made its fault (and its alert): the
+    # count reaches the accepted ones before all of theirs are in. Until it stops growing.
     expected = len(failed) - len(refused)
+    settled = _Settling()
     with contextlib.suppress(TimeoutError):
         await _wait(
-            lambda: _stream_has(bus, expected), what="storm alerts", timeout_s=60, every_s=0.2
+            lambda: settled.done(bus, at_least=expected),
+            what="storm alerts",
+            timeout_s=60,
+            every_s=0.2,
         )
-    elapsed = time.monotonic() - start
-    stored = int((await bus.js.stream_info(bus.names.alerts_stream)).state.messages)
+    elapsed = time.monotonic() - start - (settled.quiet_for() if settled.count else 0.0)
+    stored = settled.count
     return {
         "scale_fault_storm_faults": len(failed),
         "scale_fault_storm_commands_failed": len(refused),
@@ -366,9 +373,22 @@ async def _storm(bus: Bus, fleet: Fleet) -> tuple[dict[str, float], set[str]]:
     }, accepted
 
 
-async def _stream_has(bus: Bus, count: int) -> bool:
-    info = await bus.js.stream_info(bus.names.alerts_stream)
-    return int(info.state.messages) >= count
+class _Settling:
+    """The alert stream's count, until it holds at least what was expected and has not grown
+    for `_STORM_QUIET_S`."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._since = time.monotonic()
+
+    def quiet_for(self) -> float:
+        return time.monotonic() - self._since
+
+    async def done(self, bus: Bus, *, at_least: int) -> bool:
+        count = int((await bus.js.stream_info(bus.names.alerts_stream)).state.messages)
+        if count != self.count:
+            self.count, self._since = count, time.monotonic()
+        return count >= at_least and self.quiet_for() >= _STORM_QUIET_S
 
 
 async def _burst(bus: Bus) -> float:

@@ -109,6 +109,17 @@ async def _redirect_to(stack: CalloutStack, target: str, *, headers: dict[str, s
         assert not attacker.errors  # nothing here is a permission violation
 
 
+async def _copy_forged_inventory_onto_b(stack: CalloutStack) -> None:
+    """Node A signs, as itself, an inventory naming node B with the last generation, on its
+    own key (what its grants allow), and has the server copy it onto B's key."""
+    forged = inventory_pb2.Inventory(driver=DRIVER, node=B, generation=2**63 - 1)
+    forged.devices.add(name="gpu-0")
+    settings_a = await stack.agent_settings("dra-discovery", A)
+    async with connected(settings_a, component="discovery", node=A) as discovery_a:
+        await discovery_a.kv_put(N.inventory_bucket, INVENTORY_A, codec.encode(forged))
+    await _redirect_to(stack, N.kv_subject(N.inventory_bucket, INVENTORY_B), headers={})
+
+
 @pytest.mark.parametrize(
     ("answer", "mode"),
     [({}, "enforce"), ({"Nats-Required-Api-Level": "999"}, "accept")],
@@ -163,15 +174,7 @@ async def test_a_forged_generation_from_another_node_never_sticks(
     ):
         await eventually(lambda: _generations(seen), timeout_s=15)
         first = _generations(seen)[-1]
-        # Node A signs, as itself, an inventory naming node B with the last generation, on
-        # its own key (what its grants allow) ...
-        forged = inventory_pb2.Inventory(driver=DRIVER, node=B, generation=2**63 - 1)
-        forged.devices.add(name="gpu-0")
-        settings_a = await stack.agent_settings("dra-discovery", A)
-        async with connected(settings_a, component="discovery", node=A) as discovery_a:
-            await discovery_a.kv_put(N.inventory_bucket, INVENTORY_A, codec.encode(forged))
-        # ... and has the server copy it onto B's key.
-        await _redirect_to(stack, N.kv_subject(N.inventory_bucket, INVENTORY_B), headers={})
+        await _copy_forged_inventory_onto_b(stack)
         await eventually(
             lambda: [e for e in bus_events if e.get("event") == "inventory_reasserted"],
             timeout_s=15,
@@ -273,14 +276,7 @@ async def test_dractl_across_nodes_shows_no_value_its_keys_owner_did_not_sign(
     kube: APIServerEmulator, tmp_path: Path
 ):
     async with callout_stack(kube, tmp_path, signatures="enforce") as stack:
-        # Node A signs an inventory naming node B on its own key, and has the server copy it
-        # onto B's key (B runs no agent here to put its own back).
-        forged = inventory_pb2.Inventory(driver=DRIVER, node=B, generation=2**63 - 1)
-        forged.devices.add(name="gpu-0")
-        settings_a = await stack.agent_settings("dra-discovery", A)
-        async with connected(settings_a, component="discovery", node=A) as discovery_a:
-            await discovery_a.kv_put(N.inventory_bucket, INVENTORY_A, codec.encode(forged))
-        await _redirect_to(stack, N.kv_subject(N.inventory_bucket, INVENTORY_B), headers={})
+        await _copy_forged_inventory_onto_b(stack)  # B runs no agent to put its own back
         async with connected(stack.settings(await stack.token(OPERATOR)),
                              component="operator") as admin:  # fmt: skip
             for _ in range(100):  # until the server stored the copy on B's key
