@@ -400,7 +400,7 @@ class ClaimPreparer:
             ),
             spec=None if record.cdi_spec is None else encode_spec(record.cdi_spec),
         )
-        with _step("allocation.start_writes", record.uid):
+        with _step("allocation.cdi_write", record.uid):  # PrepareStarted and metadata too
             started, error = await asyncio.to_thread(self._start_files, record, files)
         if started:
             self._checkpoints.put_done(record)
