@@ -65,9 +65,9 @@ _WATCH_FAILED = (BusUnavailableError, nats.errors.Error, TimeoutError)
 _MARKER_REASON = "Nats-Marker-Reason"
 _INACTIVE_THRESHOLD_S = 60.0
 _CONSUMER_EXISTS = 10148
+"""JetStream's error code for a create whose name is taken by a consumer of another config."""
 _INFO_TIMEOUT_S = 1.0
 """How long a watch's start asks after a slot's consumer: one on a dead server never answers."""
-"""JetStream's error code for a create whose name is taken by a consumer of another config."""
 # Missed heartbeats before a watch counts its consumer as lost (nats.go's ordered consumer
 # waits as many): one late heartbeat is not a lost consumer.
 _STALL_HEARTBEATS = 3

@@ -108,7 +108,7 @@ class PreparedClaimPublisher:
     ) -> None:
         """`quiet`: awaited before each batch of writes (`hot_path.KubeletCalls.quiet`)."""
         self._bus = bus
-        self._quiet = quiet or _at_once
+        self._quiet = quiet
         self._driver = driver
         self._node = node
         self._lookup = lookup
@@ -300,7 +300,8 @@ class PreparedClaimPublisher:
         """Pipelined: the puts and deletes of up to `_PIPELINE` claims go out together and
         their acks are awaited together (one flush to NATS instead of one per claim)."""
         for _ in range(0, len(self._dirty), _PIPELINE):  # what is dirty now; later: next run
-            await self._quiet()
+            if self._quiet is not None:
+                await self._quiet()
             batch = [u for u in sorted(self._dirty) if self._ready(u)][:_PIPELINE]
             if not batch:
                 return
@@ -308,7 +309,7 @@ class PreparedClaimPublisher:
             self._dirty.difference_update(batch)
             async with self._writing:
                 outcomes = await asyncio.gather(
-                    *(self._write_now(uid) for uid in batch), return_exceptions=True
+                    *(self._write(uid) for uid in batch), return_exceptions=True
                 )
             failures = [(u, o) for u, o in zip(batch, outcomes, strict=True) if o is not None]
             self._dirty.update(u for u, o in failures if isinstance(o, BusUnavailableError))
@@ -320,10 +321,7 @@ class PreparedClaimPublisher:
         return uid not in self._records or uid in self._pods
 
     async def _write(self, uid: str) -> None:
-        async with self._writing:
-            await self._write_now(uid)
-
-    async def _write_now(self, uid: str) -> None:
+        """Put or delete the claim's key (the caller holds `_writing`)."""
         bucket = self._bus.names.claims_bucket
         key = self._bus.names.claim_key(self._driver, self._node, uid)
         record = self._records.get(uid)
@@ -343,10 +341,6 @@ class PreparedClaimPublisher:
             await self._bus.kv_put(bucket, key, blob)
             self._written[uid] = blob
             log.debug("prepared_claim_written", claim_uid=uid, pods=len(message.pods))
-
-
-async def _at_once() -> None:
-    return
 
 
 def _decoded(change: kv.KVChange) -> claim_pb2.PreparedClaim | None:

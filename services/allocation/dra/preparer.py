@@ -117,12 +117,11 @@ class InventorySource(Protocol):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class _StartFiles:
-    """What `_start_files` writes, encoded."""
+class _SpecFiles:
+    """A claim's CDI spec and the metadata files it mounts, encoded for a worker thread."""
 
-    checkpoint: bytes
     metadata: list[tuple[Path, bytes]]
-    spec: bytes | None
+    spec: bytes
 
 
 class _KeyedLocks:
@@ -391,17 +390,9 @@ class ClaimPreparer:
         three small unsynced writes cost less than a thread hop each. A lost checkpoint
         directory is restored by `put`, then the writes go as they would one by one."""
         # Encoded here: in the worker thread, Python work would only contend for the GIL.
-        files = _StartFiles(
-            checkpoint=encode_record(record),
-            metadata=(
-                self._metadata.encoded(record.uid, record.device_metadata, record.cdi_spec)
-                if record.device_metadata and self._metadata is not None
-                else []
-            ),
-            spec=None if record.cdi_spec is None else encode_spec(record.cdi_spec),
-        )
+        checkpoint, files = encode_record(record), self._spec_files(record)
         with _step("allocation.cdi_write", record.uid):  # PrepareStarted and metadata too
-            started, error = await asyncio.to_thread(self._start_files, record, files)
+            started, error = await asyncio.to_thread(self._start_files, record, checkpoint, files)
         if started:
             self._checkpoints.put_done(record)
         if isinstance(error, FileNotFoundError):
@@ -412,32 +403,19 @@ class ClaimPreparer:
             raise error
 
     def _start_files(
-        self, record: PreparedClaim, files: _StartFiles
+        self, record: PreparedClaim, checkpoint: bytes, files: _SpecFiles | None
     ) -> tuple[bool, Exception | None]:
-        """Blocking: PrepareStarted, then the metadata files, then the spec, each followed by
-        its crash point; the first failure ends the trip. Whether PrepareStarted is on disk,
-        and the failure (a FileNotFoundError: the checkpoint directory is gone)."""
+        """Blocking: PrepareStarted (`checkpoint`: the encoded record) and its crash point,
+        then `_write_files`; the first failure ends the trip. Whether PrepareStarted is on
+        disk, and the failure (a FileNotFoundError: the checkpoint directory is gone)."""
         try:
-            self._checkpoints.put_unsynced_blocking(record, files.checkpoint)
+            self._checkpoints.put_unsynced_blocking(record, checkpoint)
         except FileNotFoundError as exc:
             return False, exc
         except OSError as exc:
-            return False, self._checkpoints.write_error(record, exc)
+            return False, _caused(self._checkpoints.write_error(record, exc), exc)
         self._crash_point("prepare-started")
-        if files.spec is None:
-            return True, None
-        if files.metadata and self._metadata is not None:
-            try:
-                self._metadata.write_blocking(files.metadata)
-            except OSError as exc:
-                return True, self._metadata_error(record, exc)
-            self._crash_point("metadata-written")
-        try:
-            self._cdi.write_blocking(record.uid, files.spec)
-        except OSError as exc:
-            return True, self._cdi_error(record, exc)
-        self._crash_point("cdi-written")
-        return True, None
+        return True, None if files is None else self._write_files(record, files)
 
     def _check_partitions(self, record: PreparedClaim) -> None:
         """Fail the claim before anything is written if its partitions cannot be made."""
@@ -550,48 +528,59 @@ class ClaimPreparer:
             return files.matches(record.uid, metadata, record.cdi_spec)
         return files.complete(record.uid, metadata, record.cdi_spec)
 
-    async def _write_metadata(self, record: PreparedClaim) -> None:
-        if not record.device_metadata or self._metadata is None:
-            return
-        try:
-            await self._metadata.write(record.uid, record.device_metadata, record.cdi_spec)
-        except OSError as exc:
-            raise self._metadata_error(record, exc) from exc
-        self._crash_point("metadata-written")
-
-    def _metadata_error(self, record: PreparedClaim, exc: OSError) -> ClaimError:
-        root = self._metadata.root if self._metadata is not None else None
-        return ClaimError(
-            f"prepare claim {record.uid}: writing device metadata under {root}: {exc}",
-            claim_uid=record.uid,
-        )
-
-    def _cdi_error(self, record: PreparedClaim, exc: OSError) -> ClaimError:
-        return ClaimError(
-            f"prepare claim {record.uid}: writing CDI spec {self._cdi.path(record.uid)}: {exc}",
-            claim_uid=record.uid,
-        )
-
     async def _write_spec(self, record: PreparedClaim) -> None:
-        """The CDI spec and the metadata files it mounts."""
-        if record.cdi_spec is None:
+        """The CDI spec and the metadata files it mounts, in one trip to a worker thread."""
+        files = self._spec_files(record)
+        if files is None:
             return
         with _step("allocation.cdi_write", record.uid):
-            await self._write_spec_files(record)
+            error = await asyncio.to_thread(self._write_files, record, files)
+        if error is not None:
+            raise error
 
-    async def _write_spec_files(self, record: PreparedClaim) -> None:
-        # Concurrently: no runtime reads the spec before the kubelet has the answer, which
-        # waits for both, and a crash between the two leaves a claim `_written` finds
-        # incomplete (a record) or an orphan recovery removes (none).
-        await _all_or_first_error(self._write_metadata(record), self._write_cdi_spec(record))
+    def _spec_files(self, record: PreparedClaim) -> _SpecFiles | None:
+        """The claim's spec and metadata files, encoded; None for a claim without a spec."""
+        if record.cdi_spec is None:
+            return None
+        metadata, files = record.device_metadata, self._metadata
+        return _SpecFiles(
+            metadata=files.encoded(record.uid, metadata, record.cdi_spec)
+            if metadata and files is not None
+            else [],
+            spec=encode_spec(record.cdi_spec),
+        )
 
-    async def _write_cdi_spec(self, record: PreparedClaim) -> None:
-        assert record.cdi_spec is not None  # checked by _write_spec
+    def _write_files(self, record: PreparedClaim, files: _SpecFiles) -> ClaimError | None:
+        """Blocking: the metadata files, then the spec, each followed by its crash point; the
+        failure, if any. No runtime reads the spec before the kubelet has the answer, and a
+        crash between the two leaves a claim `_written` finds incomplete (a record) or an
+        orphan recovery removes (none)."""
+        if files.metadata and self._metadata is not None:
+            try:
+                self._metadata.write_blocking(files.metadata)
+            except OSError as exc:
+                return _caused(
+                    ClaimError(
+                        f"prepare claim {record.uid}: writing device metadata under "
+                        f"{self._metadata.root}: {exc}",
+                        claim_uid=record.uid,
+                    ),
+                    exc,
+                )
+            self._crash_point("metadata-written")
         try:
-            await self._cdi.write(record.uid, record.cdi_spec)
+            self._cdi.write_blocking(record.uid, files.spec)
         except OSError as exc:
-            raise self._cdi_error(record, exc) from exc
+            path = self._cdi.path(record.uid)
+            return _caused(
+                ClaimError(
+                    f"prepare claim {record.uid}: writing CDI spec {path}: {exc}",
+                    claim_uid=record.uid,
+                ),
+                exc,
+            )
         self._crash_point("cdi-written")
+        return None
 
     def _crash_point(self, step: str) -> None:
         """Fault-injection seam: die here, as kill -9 would, when `crash_at` names this step."""
@@ -790,6 +779,12 @@ def _check(ref: ClaimRef, *, action: str) -> None:
             f"{action} claim {ref}: malformed uid {echo.clip(ref.uid, 128)!r}",
             claim_uid=ref.uid,
         )
+
+
+def _caused(error: ClaimError, cause: OSError) -> ClaimError:
+    """`error`, raised later in another thread's stead, with what caused it."""
+    error.__cause__ = cause
+    return error
 
 
 def _step(name: str, uid: str, **attributes: str) -> contextlib.AbstractContextManager[Any]:

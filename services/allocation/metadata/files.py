@@ -51,24 +51,18 @@ class MetadataFiles:
             return Path(legacy)
         return Path(document.host_path(self.mount_root, claim_uid=claim_uid, request=request))
 
-    async def write(
-        self, claim_uid: str, bodies: Mapping[str, Mapping[str, Any]], spec: Spec = None
-    ) -> None:
-        """Write the file of each request (`bodies`: request -> version-less document)."""
-        if bodies:
-            await asyncio.to_thread(self.write_blocking, self.encoded(claim_uid, bodies, spec))
-
     def encoded(
         self, claim_uid: str, bodies: Mapping[str, Mapping[str, Any]], spec: Spec = None
     ) -> list[tuple[Path, bytes]]:
-        """Each request's file and its bytes, for `write_blocking`."""
+        """Each request's file and its bytes (`bodies`: request -> version-less document), for
+        `write_blocking`."""
         return [
             (self.path(claim_uid, request, spec), document.encode_stream(body))
             for request, body in bodies.items()
         ]
 
     def write_blocking(self, files: Iterable[tuple[Path, bytes]]) -> None:
-        """Write `encoded` files: the blocking part of `write`, for a worker thread."""
+        """Write `encoded` files; blocking, for a worker thread."""
         atomicfile.make_dirs(self.root, mode=_LEGACY_DIR_MODE)
         for path, data in files:
             if path.parent != self.root:
@@ -87,12 +81,11 @@ class MetadataFiles:
     ) -> bool:
         """Whether every request's file holds exactly its document (at start: a power loss
         may have left a file empty when it was not written durably)."""
-        for request, body in bodies.items():
+        for path, data in self.encoded(claim_uid, bodies, spec):
             try:
-                data = self.path(claim_uid, request, spec).read_bytes()
+                if path.read_bytes() != data:
+                    return False
             except OSError:
-                return False
-            if data != document.encode_stream(body):
                 return False
         return True
 

@@ -69,7 +69,7 @@ class DeviceStatusPublisher:
     ) -> None:
         """`quiet`: awaited before each claim's write (`hot_path.KubeletCalls.quiet`)."""
         self._kube = kube
-        self._quiet = quiet or _at_once
+        self._quiet = quiet
         self._driver = driver
         self._node = node
         self._inventory = inventory
@@ -154,7 +154,8 @@ class DeviceStatusPublisher:
     async def _flush(self) -> None:
         health = self._health()
         for uid in sorted(self._dirty):
-            await self._quiet()
+            if self._quiet is not None:
+                await self._quiet()
             record = self._dirty.pop(uid)
             wanted = self._entries(record, health) if uid in self._records else []
             try:
@@ -211,10 +212,6 @@ class DeviceStatusPublisher:
             log.debug("device_status_written", claim_uid=record.uid, devices=len(wanted))
             return
         raise KubeConflictError(f"update status of resourceclaim {record.namespace}/{record.name}")
-
-
-async def _at_once() -> None:
-    return
 
 
 async def _first(*waits: Any) -> None:
