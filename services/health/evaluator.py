@@ -1,7 +1,10 @@
 """The health evaluator: runs the policy over the latest observations and acts on verdicts.
 
-Wakes on every new view from the monitor (so a fault is handled at once) and at least every
-poll interval (so recovery holds end on time). Parents' faults reach their partitions first
+Wakes on every new view from the monitor (so a fault is handled at once), at a recovery hold's
+or flap window's end, and at least every poll interval. A pass whose inputs (the view, the
+topology, the pass-through devices, what the taint writer answers from) equal those of a pass
+that changed nothing only flushes the records, so that they refresh: an idle node does not judge
+its devices again every second. Parents' faults reach their partitions first
 (`attribution`, over the inventory's topology). Each fault transition is one trace, rooted in
 a `health.evaluate_fault` span: the KV record, the taint, the Node Event and the alert. Each
 record carries every taint the device should have now (`record_taints`): its fault taint and
@@ -86,6 +89,8 @@ class HealthEvaluator:
         """(pool, device) passed through to VMs by the node's prepared claims; None: not known
         yet."""
         self._wake = asyncio.Event()
+        self._settled_on: tuple[object, ...] | None = None
+        """The inputs of the last pass, when it changed nothing (see `evaluate`)."""
         self.evaluations = 0
 
     @property
@@ -147,6 +152,14 @@ class HealthEvaluator:
         if not self._seeded:
             await self._seed()
         now = self._clock()
+        inputs = self._inputs(observations)
+        if inputs == self._settled_on and not self._due(now):
+            # Nothing it depends on changed since a pass that changed nothing: this one would
+            # not either. The recorder still refreshes and resyncs its records.
+            await self._recorder.flush()
+            self.evaluations += 1
+            return
+        before = self._states
         claimed = self._passed_through(observations.pool)
         devices = attribution.attribute(
             (*observations.devices, *self._unreported(observations, claimed)), self._topology
@@ -174,6 +187,17 @@ class HealthEvaluator:
         self._taints.want(taints, pool=self._pool, contexts=contexts)
         await self._recorder.flush()
         self.evaluations += 1
+        steady = self._seeded and not evaluation.gone and self._states == before
+        self._settled_on = inputs if steady and not _acted(evaluation) else None
+
+    def _inputs(self, observations: Observations) -> tuple[object, ...]:
+        """Everything a pass reads besides the states and the clock."""
+        return (observations, self._topology, self._passthrough, self._taints.answers_from())
+
+    def _due(self, now: float) -> bool:
+        """A recovery hold or a flap window has ended: time alone changes a verdict."""
+        deadline = policy.next_deadline(self._states.values(), settings=self._settings)
+        return deadline is not None and now >= deadline
 
     def _unreported(
         self, observations: Observations, claimed: frozenset[str]
@@ -228,7 +252,7 @@ class HealthEvaluator:
 
     def _records(self, now: float) -> dict[str, health_pb2.DeviceHealth]:
         """Each device's record; one whose inputs did not change since the last evaluation is
-        the same object as then (an idle node evaluates every poll interval)."""
+        the same object as then."""
         driver = self._settings.driver
         wanted = {device: self._wanted_taints(state) for device, state in self._states.items()}
         taints = self._taint_times.stamp(wanted, now=now)
@@ -364,3 +388,10 @@ class HealthEvaluator:
             now=now,
         )
         self._alerts.publish(alert, context=context)
+
+
+def _acted(evaluation: policy.Evaluation) -> bool:
+    """Whether a verdict raised, resolved or changed a taint."""
+    return any(
+        v.transition or v.apply is not None or v.remove is not None for v in evaluation.verdicts
+    )

@@ -298,8 +298,9 @@ def _healthy(
     if prior is None:
         return Verdict(state=DeviceState(device=device, health=Health.HEALTHY, since=now))
     if prior.fault is None and prior.taint is None:
-        since = prior.since if prior.health is Health.HEALTHY else now
-        return Verdict(state=replace(prior, health=Health.HEALTHY, since=since))
+        if prior.health is Health.HEALTHY:
+            return Verdict(state=prior)  # the common case: unchanged, not copied
+        return Verdict(state=replace(prior, health=Health.HEALTHY, since=now))
     healthy_since = prior.healthy_since if prior.healthy_since is not None else now
     if now - healthy_since < settings.recovery_hold_s:
         return Verdict(state=replace(prior, healthy_since=healthy_since))

@@ -203,6 +203,12 @@ class TaintWriter:
         self._changed.set()
         return found
 
+    def answers_from(self) -> tuple[object, ...]:
+        """What `applied` and `drain_taint` answer from: while it stays equal, so do they (a
+        caller can skip asking again)."""
+        drains = tuple((spec.device, spec.taint) for spec in self._drains.values())
+        return (self.target, self.available, self.none_supported, drains)
+
     def applied(self, taint: Taint | None) -> Taint | None:
         """`taint` as far as the cluster will see it: None while taint rules are unavailable
         (target `rule`), and None for a `None` taint where the server has no such effect."""

@@ -79,8 +79,10 @@ async def test_a_change_is_written_at_once_whatever_the_refresh(bus: Bus):
     recorder.set(records)
     assert await recorder.flush()
     clock.now += 1.0
-    records["npu-7"].state = health_pb2.HEALTH_STATE_UNHEALTHY
-    recorder.set(records)
+    changed = health_pb2.DeviceHealth()
+    changed.CopyFrom(records["npu-7"])
+    changed.state = health_pb2.HEALTH_STATE_UNHEALTHY
+    recorder.set({**records, "npu-7": changed})  # a new record: given ones are not changed
     assert await recorder.flush(device="npu-7")
     stored = (await recorder.existing())["npu-7"]
     assert stored.state == health_pb2.HEALTH_STATE_UNHEALTHY

@@ -51,6 +51,9 @@ class Taints:
     def drain_taint(self, device: str) -> Taint | None:
         return None
 
+    def answers_from(self) -> tuple[object, ...]:
+        return ()
+
 
 class Sink:
     def __init__(self) -> None:
