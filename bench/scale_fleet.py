@@ -375,7 +375,8 @@ def main() -> None:
     parser.add_argument("--start-concurrency", type=int, default=_START_CONCURRENCY)
     parser.add_argument("--agents", choices=sorted(AGENT_SETS), default="all")
     args = parser.parse_args()
-    logging.configure(LogSettings(level="error", format="console"), service="scale-worker")
+    # Warnings too: a converged fleet has none, and one that does not converge says why.
+    logging.configure(LogSettings(level="warning", format="console"), service="scale-worker")
     nodes = NodeAgents(
         bus=BusProfile.from_flags(args),
         kube=KubeSettings(kubeconfig=str(args.kubeconfig), request_timeout_s=30.0),

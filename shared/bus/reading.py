@@ -9,7 +9,9 @@ BusUnavailableError here, so that `nats` exceptions never reach the caller.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 
@@ -37,6 +39,9 @@ __all__ = [
 ]
 
 _LATEST_READ_TIMEOUT_S = 30.0
+# From how many records `latest_values` checks signatures on threads, and on at most how many.
+_THREADED_CHECKS = 512
+_CHECK_THREADS = 4
 # How `latest_values` tells a deleted key (the KV protocol's operation header).
 _KV_OPERATION = "KV-Operation"
 _KV_REMOVALS = ("DEL", "PURGE")
@@ -92,19 +97,15 @@ async def latest_values(
     None at all when the bucket does not exist. With signatures on, a value its key's owner
     did not sign is left out and given to `refused` (key, reason)."""
     prefix = bus.names.kv_subject(bucket, "")
-    found: dict[str, bytes] = {}
+    latest: dict[str, Msg] = {}
     done = asyncio.Event()
 
     async def collect(msg: Msg) -> None:
         key = msg.subject[len(prefix) :]
         if (msg.headers or {}).get(_KV_OPERATION) in _KV_REMOVALS:
-            found.pop(key, None)
-        elif (check := bus.check_message(msg, event="kv_entry_dropped")).ok:
-            found[key] = msg.data
+            latest.pop(key, None)
         else:
-            found.pop(key, None)
-            if refused is not None:
-                refused(key, check.reason)
+            latest[key] = msg
         if msg.metadata.num_pending == 0:
             done.set()
 
@@ -132,7 +133,33 @@ async def latest_values(
         return []
     except (nats.errors.Error, TimeoutError) as exc:
         raise BusUnavailableError(f"kv bucket {bucket}: {exc}", subject=bucket) from exc
-    return sorted(found.items())
+    found: list[tuple[str, bytes]] = []
+    checks = await _checks(bus, list(latest.values()))
+    for (key, msg), check in zip(latest.items(), checks, strict=True):
+        if check.ok:
+            found.append((key, msg.data))
+        elif refused is not None:
+            refused(key, check.reason)
+    return sorted(found)
+
+
+async def _checks(bus: Bus, messages: list[Msg]) -> list[records.Check]:
+    """`Bus.check_message` of each message, in order. Many are checked on a few threads at
+    once: most of a check is the ed25519 verification, which runs without the GIL, and a
+    fleet's records are tens of thousands."""
+    if not bus.records.on or len(messages) < _THREADED_CHECKS:
+        return [bus.check_message(msg, event="kv_entry_dropped") for msg in messages]
+    threads = min(_CHECK_THREADS, os.cpu_count() or 1)
+    size = -(-len(messages) // threads)
+    chunks = [messages[start : start + size] for start in range(0, len(messages), size)]
+
+    def check(chunk: list[Msg]) -> list[records.Check]:
+        return [bus.check_message(msg, event="kv_entry_dropped") for msg in chunk]
+
+    loop = asyncio.get_running_loop()
+    with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="check") as pool:
+        done = await asyncio.gather(*(loop.run_in_executor(pool, check, c) for c in chunks))
+    return [found for chunk in done for found in chunk]
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ import binascii
 import hashlib
 import json
 import os
+import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -83,7 +84,12 @@ _CERT_VERSION = "v1"
 _KEY_BYTES = 32
 _SIG_BYTES = 64
 _MAX_CERT_LEN = 2048
-_CACHE_SIZE = 1024
+# Parsed certificates a reader keeps: one per writer role (two per node) of the largest fleet
+# one NATS account holds (about 7,000 nodes, docs/operations.md), so that a reader of the whole
+# fleet (dractl --all-nodes, which meets each node's records in no order) checks each
+# certificate once, not once per record (beyond it, checks stay right and cost more). About
+# 0.7 KB each: at most 12 MB, and only a reader of every node's records gets near it.
+_CACHE_SIZE = 16_384
 
 
 class Rejected(ValueError):
@@ -225,16 +231,25 @@ class Verifier:
     def __init__(self, auth_key: nacl.signing.VerifyKey) -> None:
         self.auth_key = auth_key
         self._certs: OrderedDict[str, Certificate] = OrderedDict()
+        # A reader may check records on several threads (`reading.latest_values`).
+        self._certs_lock = threading.Lock()
+
+    @property
+    def cached(self) -> int:
+        """How many parsed certificates are kept."""
+        return len(self._certs)
 
     def certificate(self, text: str) -> Certificate:
-        cached = self._certs.get(text)
-        if cached is not None:
-            self._certs.move_to_end(text)
-            return cached
-        cert = _parse_certificate(text, auth_key=self.auth_key)
-        self._certs[text] = cert
-        if len(self._certs) > _CACHE_SIZE:
-            self._certs.popitem(last=False)
+        with self._certs_lock:
+            cached = self._certs.get(text)
+            if cached is not None:
+                self._certs.move_to_end(text)
+                return cached
+        cert = _parse_certificate(text, auth_key=self.auth_key)  # not under the lock: slow
+        with self._certs_lock:
+            self._certs[text] = cert
+            if len(self._certs) > _CACHE_SIZE:
+                self._certs.popitem(last=False)
         return cert
 
     def verify(

@@ -419,3 +419,20 @@ def test_a_control_reply_is_owned_by_the_health_agent_of_the_node_asked():
     from_a = writer("health", "node-a").headers(drain_b, b"{}", {})
     with pytest.raises(signing.Rejected, match="does not own"):
         verify(drain_b, b"{}", from_a)
+
+
+def test_a_reader_of_a_whole_fleet_checks_each_certificate_once():
+    """Records of 1,500 nodes met in no order of node (as dractl --all-nodes meets them): every
+    writer's certificate stays parsed, so a record costs one signature check, not two."""
+    nodes = [f"node-{index:04d}" for index in range(1500)]
+    records = []
+    for node in nodes:
+        key = writer("health", node)
+        subject = N.kv_subject(N.health_bucket, N.health_key(DRIVER, node, "gpu-0"))
+        records.append((subject, key.headers(subject, b"health", {})))
+    reader = verifier()
+    for _ in range(2):
+        for subject, headers in records:
+            owner = N.writer_of(subject)
+            assert reader.verify(subject, b"health", headers, owner=owner, stored_at=NOW + 10)
+    assert reader.cached == len(nodes)
