@@ -45,6 +45,7 @@ from typing import Any
 from services.allocation.deviceplugin import resources as deviceplugin
 from services.allocation.resource_names import RESOURCE_NAME
 from services.allocator.device import Device
+from services.dractl.classgen_backends import BACKENDS
 from shared.pb.drasuite.v1 import inventory_pb2
 
 __all__ = [
@@ -63,12 +64,6 @@ PARTITION_ATTRIBUTES = ("profile", "vnpuTemplate")
 """What makes a device a partition, in the order they are looked for (MIG, then vNPU)."""
 MODEL_ATTRIBUTES = ("productName", "chipName")
 """What names a whole device's model (nvml and the sim's GPUs, then Ascend and the sim's NPUs)."""
-BACKENDS: Mapping[str, str] = {
-    "sim.dra-suite.io": "sim",
-    "gpu.dra-suite.io": "nvml",
-    "npu.huawei.com": "ascend",
-}
-"""The backend behind each driver name of the shipped overlays (tests/unit/deploy/manifests.py)."""
 ANNOTATION_DEVICE_PLUGIN = "dra-suite.io/device-plugin-resource"
 LABELS = {"app.kubernetes.io/part-of": "dra-suite", "app.kubernetes.io/managed-by": "dractl"}
 EXTENDED_RESOURCE_MINOR = 36

@@ -1,7 +1,10 @@
 """What a dractl command is: a module that adds its own parser and runs itself.
 
 A command module defines NAME, `register(subcommands)` and `async run(args, out=, err=)`,
-and has one line in `registry.COMMANDS`; nothing else changes to add one.
+and has one line in `registry.COMMANDS`; nothing else changes to add one. dractl imports every
+command module to build its parser, so a command whose run needs heavy imports (`explain`,
+`classes`: the allocator, CEL, the Kubernetes client) keeps them in a module of its own
+(`explain_command`, `classes_command`) that its run imports when it runs.
 """
 
 from __future__ import annotations
