@@ -57,7 +57,8 @@ class HealthConfig:
     poll_interval_s: float = setting(
         1.0, flag="--poll-interval-s", help="Seconds between policy evaluations without news."
     )
-    """Upper bound between two evaluations; new observations trigger one at once."""
+    """Upper bound between two evaluation passes; new observations trigger one at once. A
+    pass whose inputs did not change since one that changed nothing judges nothing again."""
 
     recovery_hold_s: float = setting(
         5.0,

@@ -156,7 +156,8 @@ class HealthEvaluator:
         if inputs == self._settled_on and not self._due(now):
             # Nothing it depends on changed since a pass that changed nothing: this one would
             # not either. The recorder still refreshes and resyncs its records.
-            await self._recorder.flush()
+            if self._recorder.due():
+                await self._recorder.flush()
             self.evaluations += 1
             return
         before = self._states

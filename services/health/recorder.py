@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import random
 import time
 from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
@@ -143,6 +144,8 @@ class HealthRecorder:
         self._encoded: dict[str, tuple[health_pb2.DeviceHealth, bytes]] = {}
         self._jitter = random.Random()
         self._stale: set[str] = set()
+        self._next_refresh = 0.0
+        """When the earliest refresh of a written record is due (0: a flush has work now)."""
         self._synced_epoch = 0
         self._deferred = False
         # flush() and the guard's put-back each read-then-write keys and `_written`.
@@ -155,6 +158,17 @@ class HealthRecorder:
     def set(self, records: Mapping[str, health_pb2.DeviceHealth]) -> None:
         """The records wanted now, by device; they are not changed after they are given."""
         self._wanted = dict(records)
+        self._next_refresh = 0.0
+
+    def due(self) -> bool:
+        """Whether `flush()` has anything to do: a record given since, a refresh due, a write
+        that waits for NATS, or a connection not resynced yet."""
+        return (
+            self._clock() >= self._next_refresh
+            or self._deferred
+            or self._synced_epoch != self._bus.epoch
+            or not self._bus.connected.is_set()
+        )
 
     async def flush(self, *, device: str | None = None) -> bool:
         """Bring the KV in line with the wanted records (only `device`'s if given).
@@ -175,6 +189,7 @@ class HealthRecorder:
                 await self._put_if_changed(name)
             for name in sorted((set(self._written) | self._stale) - set(self._wanted)):
                 await self._delete(name)
+            self._next_refresh = min((due for _, due in self._written.values()), default=math.inf)
         except BusUnavailableError as exc:
             if not self._deferred:
                 log.warning("health_records_deferred", node=self._node, error=str(exc))

@@ -92,7 +92,8 @@ class Watchdog:
     async def _watch_deadline(self) -> None:
         period = min(1.0, self._deadline_s / 4)
         while True:
-            await asyncio.sleep(period)
+            # Not every period while reports come: no sooner than the deadline could pass.
+            await asyncio.sleep(max(period, self._last_at + self._deadline_s - self._clock()))
             silent = self._clock() - self._last_at
             if self._last is not None and self.monitored and silent > self._deadline_s:
                 self._give_up(f"no report for {silent:.1f}s (deadline {self._deadline_s}s)")

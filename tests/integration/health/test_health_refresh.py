@@ -87,3 +87,26 @@ async def test_a_change_is_written_at_once_whatever_the_refresh(bus: Bus):
     stored = (await recorder.existing())["npu-7"]
     assert stored.state == health_pb2.HEALTH_STATE_UNHEALTHY
     assert stored.updated_unix_ms == int(clock.now * 1000)
+
+
+async def test_a_flush_is_due_only_for_records_given_since_or_a_refresh(bus: Bus):
+    clock = _Clock()
+    recorder = HealthRecorder(
+        bus, driver="sim.dra-suite.io", node="node-a", refresh_s=REFRESH_S, clock=clock
+    )
+    records = _records()
+    recorder.set(records)
+    assert recorder.due()
+    assert await recorder.flush()
+    assert not recorder.due()
+    first_refresh = clock.now + REFRESH_S * 1.0
+    # Every record's first refresh comes within one period: one is due before it ends.
+    while not recorder.due():
+        clock.now += 1.0
+        assert clock.now <= first_refresh
+    assert await recorder.flush()
+    assert not recorder.due()
+    recorder.set(records)  # the evaluator gives records again: a flush looks at them
+    assert recorder.due()
+    assert await recorder.flush()
+    assert not recorder.due()
