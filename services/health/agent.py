@@ -186,6 +186,7 @@ class HealthAgent:
             clock=self._clock,
             pod_events=self.pod_events,
         )
+        self.taints.answers_changed = self.evaluator.wake
         name = config.monitor if self._given_monitor is None else type(self.monitor).__name__
         self.watchdog = Watchdog(self.monitor, name=name, deadline_s=config.monitor_deadline_s)
         self.drain = DrainControl(
@@ -196,6 +197,13 @@ class HealthAgent:
             devices=lambda: self.evaluator.states.keys(),
             changed=self.evaluator.wake,
         )
+
+    async def _wake_on_reconnect(self) -> None:
+        """Eternal: a new connection wakes the evaluator, whose flush resyncs the records."""
+        epoch = self.bus.epoch
+        while True:
+            epoch = await self.bus.wait_epoch_after(epoch)
+            self.evaluator.wake()
 
     def spawn(self, tg: asyncio.TaskGroup) -> None:
         tasks = {
@@ -208,6 +216,7 @@ class HealthAgent:
                 sink=self.evaluator.set_topology,
             ),
             "health-evaluator": self.evaluator.run(),
+            "health-reconnect-waker": self._wake_on_reconnect(),
             "health-record-guard": self.recorder.guard(
                 counter=instruments.HEALTH_RECORDS_REASSERTED
             ),

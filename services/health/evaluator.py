@@ -51,6 +51,11 @@ __all__ = ["HealthEvaluator"]
 log = structlog.get_logger(__name__)
 tracer = telemetry.tracer(__name__)
 
+# Poll intervals between two passes of a settled evaluator. Everything that can change a
+# verdict or a record wakes it (a view, the topology, pass-through devices, a drain, the taint
+# writer's answers, a reconnect) or is a deadline it sleeps until; this bounds what was missed.
+_SETTLED_POLLS = 10
+
 
 class HealthEvaluator:
     def __init__(
@@ -132,12 +137,16 @@ class HealthEvaluator:
             self._wake.set()
 
     async def run(self) -> None:
-        """Eternal: evaluate, then sleep until news, a hold deadline or the poll interval."""
+        """Eternal: evaluate, then sleep until news, a hold deadline or the poll interval; when
+        settled, until news, a deadline, a record's refresh or `_SETTLED_POLLS` intervals."""
         while True:
             self._wake.clear()
             await self.evaluate()
             reraise_if_cancelling()
             timeout = self._poll_s
+            if self._settled_on is not None and not self._recorder.due():
+                refresh = self._recorder.next_refresh - self._clock()
+                timeout = min(self._poll_s * _SETTLED_POLLS, max(timeout, refresh))
             deadline = policy.next_deadline(self._states.values(), settings=self._settings)
             if deadline is not None:
                 timeout = max(0.01, min(timeout, deadline - self._clock()))

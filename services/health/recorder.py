@@ -160,6 +160,11 @@ class HealthRecorder:
         self._wanted = dict(records)
         self._next_refresh = 0.0
 
+    @property
+    def next_refresh(self) -> float:
+        """When the earliest refresh of a written record is due (clock time; inf: none)."""
+        return self._next_refresh
+
     def due(self) -> bool:
         """Whether `flush()` has anything to do: a record given since, a refresh due, a write
         that waits for NATS, or a connection not resynced yet."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import structlog
@@ -102,20 +102,42 @@ class TaintWriter:
         self._recheck_s = recheck_s
         self.target = target
         self.version: str | None = None
-        self.available: bool | None = None
-        """None until negotiated; False when no version serves devicetaintrules."""
+        self.answers_changed: Callable[[], None] = lambda: None
+        """Called when what `applied` answers from changes (the evaluator's wake)."""
+        self._available: bool | None = None
+        self._none_supported: bool | None = None
         self._desired: dict[str, RuleSpec] = {}
         self._applied: dict[str, RuleSpec] = {}
         self._drains: dict[str, RuleSpec] = {}
         self._drains_touched: set[str] = set()
         self._pool = node
-        self.none_supported: bool | None = None
-        """False once the API server rejected a `None` effect (1.34); None: not known yet."""
         self._contexts: dict[str, Context] = {}
         self._wanted = False
         self._reported = False
         self._changed = asyncio.Event()
         self._backoff = Backoff(initial_s=0.2, max_s=10.0, max_retry_after_s=RETRY_AFTER_CAP_S)
+
+    @property
+    def available(self) -> bool | None:
+        """None until negotiated; False when no version serves devicetaintrules."""
+        return self._available
+
+    @available.setter
+    def available(self, value: bool | None) -> None:
+        if value != self._available:
+            self._available = value
+            self.answers_changed()
+
+    @property
+    def none_supported(self) -> bool | None:
+        """False once the API server rejected a `None` effect (1.34); None: not known yet."""
+        return self._none_supported
+
+    @none_supported.setter
+    def none_supported(self, value: bool | None) -> None:
+        if value != self._none_supported:
+            self._none_supported = value
+            self.answers_changed()
 
     def want(
         self,

@@ -1,11 +1,16 @@
 """The evaluator on an idle node: a pass whose inputs are those of a pass that changed nothing
-judges nothing again (the records are only flushed, so they still refresh), and everything
+judges nothing again (the records are only flushed when a refresh is due), a settled evaluator
+sleeps for several poll intervals and wakes for news, and everything
 that can change a verdict or a record without news still does at the next pass: the end of a
 recovery hold, taint rules becoming available, a drain, a new view. The KV, the taint writer,
 Events and alerts are stood in for by recording fakes."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import math
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
@@ -24,6 +29,8 @@ class Recorder:
         self.records: dict[str, health_pb2.DeviceHealth] = {}
         self.sets = 0
         self.flushes = 0
+        self.next_refresh = math.inf
+        self.refresh_due = False
 
     async def existing(self) -> dict[str, health_pb2.DeviceHealth]:
         return {}
@@ -33,7 +40,7 @@ class Recorder:
         self.sets += 1
 
     def due(self) -> bool:
-        return True
+        return self.sets > self.flushes or self.refresh_due
 
     async def flush(self, *, device: str | None = None) -> bool:
         self.flushes += 1
@@ -83,8 +90,10 @@ class Clock:
         return self.now
 
 
-def evaluator(*, recovery_hold_s: float = 0.0) -> tuple[HealthEvaluator, Recorder, Taints, Clock]:
-    recorder, taints, clock = Recorder(), Taints(), Clock()
+def evaluator(
+    *, recovery_hold_s: float = 0.0, poll_interval_s: float = 1.0, clock: Any = None
+) -> tuple[HealthEvaluator, Recorder, Taints, Clock]:
+    recorder, taints, clock = Recorder(), Taints(), clock or Clock()
     found = HealthEvaluator(
         settings=PolicySettings(driver=DRIVER, recovery_hold_s=recovery_hold_s),
         node=NODE,
@@ -92,7 +101,7 @@ def evaluator(*, recovery_hold_s: float = 0.0) -> tuple[HealthEvaluator, Recorde
         taints=cast(Any, taints),
         events=cast(Any, Sink()),
         alerts=cast(Any, Sink()),
-        poll_interval_s=1.0,
+        poll_interval_s=poll_interval_s,
         clock=clock,
     )
     return found, recorder, taints, clock
@@ -110,7 +119,7 @@ async def passes(agent: HealthEvaluator, clock: Clock, count: int) -> None:
         await agent.evaluate()
 
 
-async def test_an_idle_pass_judges_nothing_again_and_the_records_still_flush() -> None:
+async def test_an_idle_pass_judges_nothing_again_and_flushes_only_a_due_refresh() -> None:
     agent, recorder, _, clock = evaluator()
     agent.observe(view("gpu-0", "gpu-1"))
     await passes(agent, clock, 2)  # the first pass finds the devices, the second nothing new
@@ -118,9 +127,10 @@ async def test_an_idle_pass_judges_nothing_again_and_the_records_still_flush() -
     # The monitor reports the same view again, as a new object: still nothing to judge.
     agent.observe(view("gpu-0", "gpu-1"))
     await passes(agent, clock, 5)
-    assert recorder.sets == judged
-    assert recorder.flushes == flushed + 5
-    assert agent.evaluations == 7
+    assert (recorder.sets, recorder.flushes, agent.evaluations) == (judged, flushed, 7)
+    recorder.refresh_due = True  # a record's refresh comes: the next pass flushes, judges not
+    await passes(agent, clock, 1)
+    assert (recorder.sets, recorder.flushes) == (judged, flushed + 1)
     assert {d: s.health for d, s in agent.states.items()} == {
         "gpu-0": Health.HEALTHY,
         "gpu-1": Health.HEALTHY,
@@ -171,3 +181,21 @@ async def test_a_drain_reaches_the_record_at_the_next_pass() -> None:
     taints.drained["gpu-0"] = drain
     await passes(agent, clock, 1)
     assert [t.key for t in recorder.records["gpu-0"].taints] == [drain.key]
+
+
+async def test_a_settled_evaluator_sleeps_longer_than_the_poll_and_wakes_for_news() -> None:
+    agent, recorder, _, _ = evaluator(poll_interval_s=0.02, clock=time.time)
+    agent.observe(view("gpu-0", "gpu-1"))
+    runner = asyncio.create_task(agent.run())
+    try:
+        await asyncio.sleep(1.0)
+        # Unsettled it would pass 50 times; settled, every 10 poll intervals (0.2 s).
+        assert agent.evaluations <= 9
+        agent.observe(view("gpu-0", "gpu-1", faulty={"gpu-0": XID}))
+        await asyncio.sleep(0.05)
+        assert agent.states["gpu-0"].health is Health.UNHEALTHY
+        assert recorder.records["gpu-0"].code == "79"
+    finally:
+        runner.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await runner
