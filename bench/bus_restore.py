@@ -37,6 +37,7 @@ import aiohttp
 import nats.js.errors
 import nkeys  # type: ignore[import-untyped]  # ships no type hints
 
+from bench import results_file
 from bench.stats import percentile
 from devcluster.apiserver import APIServerEmulator, ClusterConfig
 from devcluster.natsauth import AuthCallout, ServerAuth
@@ -330,9 +331,7 @@ def main() -> None:
     configure_logging(LogSettings(level="error", format="console"), service="bench")
     with tempfile.TemporaryDirectory(prefix="dra-bench-") as tmp:
         figures = asyncio.run(measure_bus_restore(workdir=Path(tmp), samples=args.samples))
-    results: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
-    results.update(figures)
-    args.out.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    results_file.merge(args.out, figures)
     print(json.dumps(figures, indent=2, sort_keys=True))
 
 

@@ -25,6 +25,7 @@ import nats
 import nkeys  # type: ignore[import-untyped]  # ships no type hints
 from nats.js.api import KeyValueConfig
 
+from bench import results_file
 from bench.stats import percentile
 from devcluster.natsserver import NATSServerProcess
 from services.natsauth.keys import SigningKey, new_signing_seed
@@ -145,9 +146,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench/results.json"))
     args = parser.parse_args()
     figures = asyncio.run(measure_dractl_fleet(nodes=args.nodes, runs=args.runs))
-    results: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
-    results.update(figures)
-    args.out.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    results_file.merge(args.out, figures)
     print(json.dumps(figures, indent=2, sort_keys=True))
 
 

@@ -21,6 +21,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from bench import results_file
 from bench.stats import percentile
 from services.allocation.cdi.spec_files import CDIWriter
 from services.allocation.claim.checkpoint import CheckpointStore
@@ -145,9 +146,7 @@ def main() -> None:
     # Short: the daemons' unix sockets must fit in 107 bytes.
     with tempfile.TemporaryDirectory(prefix="dra-", dir="/tmp") as tmp:
         figures = asyncio.run(measure_mps_share(workdir=Path(tmp)))
-    results: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
-    results.update(figures)
-    out.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    results_file.merge(out, figures)
     print(json.dumps(figures, indent=2, sort_keys=True))
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import nkeys  # type: ignore[import-untyped]  # ships no type hints
 
+from bench import results_file
 from bench.stats import percentile
 from services.natsauth.keys import SigningKey, new_signing_seed
 from shared.bus import codec, signing
@@ -123,9 +124,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=5000)
     args = parser.parse_args()
     figures = measure_sign_verify(samples=args.samples)
-    results: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
-    results.update(figures)
-    args.out.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    results_file.merge(args.out, figures)
     print(json.dumps(figures, indent=2, sort_keys=True))
 
 

@@ -24,6 +24,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from bench import results_file
 from bench.cdi_dir import node_like_cdi_dir
 from bench.stats import percentile
 from services.allocation.cdi.spec_files import CDIWriter
@@ -173,9 +174,7 @@ def main() -> None:
     configure_logging(LogSettings(level="warning", format="console"), service="bench")
     with tempfile.TemporaryDirectory(prefix="dra-bench-vfio-") as tmp:
         figures = asyncio.run(measure_vfio(workdir=Path(tmp), iterations=args.iterations))
-    results: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
-    results.update(figures)
-    args.out.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    results_file.merge(args.out, figures)
     print(json.dumps(figures, indent=2, sort_keys=True))
 
 
