@@ -64,8 +64,9 @@ __all__ = ["KVChange", "checked", "consumer_name", "watch"]
 _WATCH_FAILED = (BusUnavailableError, nats.errors.Error, TimeoutError)
 _MARKER_REASON = "Nats-Marker-Reason"
 _INACTIVE_THRESHOLD_S = 60.0
-_CONSUMER_EXISTS = 10148
-"""JetStream's error code for a create whose name is taken by a consumer of another config."""
+_CONSUMER_TAKEN = frozenset({10013, 10148})
+"""JetStream's error codes for a create whose name another consumer holds: "consumer name
+already in use" and "consumer already exists" (another config). Either way a sibling won."""
 _INFO_TIMEOUT_S = 1.0
 """How long a watch's start asks after a slot's consumer: one on a dead server never answers."""
 # Missed heartbeats before a watch counts its consumer as lost (nats.go's ordered consumer
@@ -165,7 +166,7 @@ async def _start(bus: Bus, *, bucket: str, keys: str, purpose: str) -> _Watcher:
         try:
             return await _create(bus, bucket=bucket, keys=keys, name=name)
         except nats.js.errors.BadRequestError as exc:
-            if exc.err_code != _CONSUMER_EXISTS:
+            if exc.err_code not in _CONSUMER_TAKEN:
                 raise
             # A sibling made it between our look and our create: the next slot.
     raise _SlotsTaken(
