@@ -3,7 +3,7 @@
 Wakes on every new view from the monitor (so a fault is handled at once), at a recovery hold's
 or flap window's end, and at least every poll interval. A pass whose inputs (the view, the
 topology, the pass-through devices, what the taint writer answers from) equal those of a pass
-that changed nothing only flushes the records, so that they refresh: an idle node does not judge
+that changed nothing only flushes the records when a refresh is due: an idle node does not judge
 its devices again every second. Parents' faults reach their partitions first
 (`attribution`, over the inventory's topology). Each fault transition is one trace, rooted in
 a `health.evaluate_fault` span: the KV record, the taint, the Node Event and the alert. Each

@@ -139,9 +139,6 @@ class HealthRecorder:
         # What the KV holds for each device as far as we know: record bytes without
         # `updated_unix_ms`, and when an unchanged record is rewritten next.
         self._written: dict[str, tuple[bytes, float]] = {}
-        # Each device's wanted record and its bytes: an idle node's flushes, every poll
-        # interval, find the same object and do not encode it again.
-        self._encoded: dict[str, tuple[health_pb2.DeviceHealth, bytes]] = {}
         self._jitter = random.Random()
         self._stale: set[str] = set()
         self._next_refresh = 0.0
@@ -156,7 +153,6 @@ class HealthRecorder:
         return self._bus.names.health_key(self._driver, self._node, "")
 
     def set(self, records: Mapping[str, health_pb2.DeviceHealth]) -> None:
-        """The records wanted now, by device; they are not changed after they are given."""
         self._wanted = dict(records)
         self._next_refresh = 0.0
 
@@ -295,12 +291,7 @@ class HealthRecorder:
         record = self._wanted.get(device)
         if record is None:
             return
-        encoded = self._encoded.get(device)
-        if encoded is not None and encoded[0] is record:
-            blob = encoded[1]
-        else:
-            blob = codec.encode(record)
-            self._encoded[device] = (record, blob)
+        blob = codec.encode(record)
         now = self._clock()
         written = self._written.get(device)
         if written is not None and written[0] == blob and now < written[1]:
@@ -324,6 +315,5 @@ class HealthRecorder:
         key = self._bus.names.health_key(self._driver, self._node, device)
         await self._bus.kv_delete(self._bus.names.health_bucket, key)
         self._written.pop(device, None)
-        self._encoded.pop(device, None)
         self._stale.discard(device)
         log.info("health_record_deleted", node=self._node, device=device)

@@ -35,6 +35,12 @@ def _records() -> dict[str, health_pb2.DeviceHealth]:
     }
 
 
+def _recorder(bus: Bus, clock: _Clock) -> HealthRecorder:
+    return HealthRecorder(
+        bus, driver="sim.dra-suite.io", node="node-a", refresh_s=REFRESH_S, clock=clock
+    )
+
+
 async def _written_at(recorder: HealthRecorder) -> dict[str, float]:
     return {name: r.updated_unix_ms / 1000 for name, r in (await recorder.existing()).items()}
 
@@ -42,9 +48,7 @@ async def _written_at(recorder: HealthRecorder) -> dict[str, float]:
 async def test_unchanged_records_are_rewritten_about_every_refresh_at_spread_times(bus: Bus):
     clock = _Clock()
     start = clock.now
-    recorder = HealthRecorder(
-        bus, driver="sim.dra-suite.io", node="node-a", refresh_s=REFRESH_S, clock=clock
-    )
+    recorder = _recorder(bus, clock)
     recorder.set(_records())
     assert await recorder.flush()
     assert set((await _written_at(recorder)).values()) == {start}
@@ -72,17 +76,13 @@ async def test_unchanged_records_are_rewritten_about_every_refresh_at_spread_tim
 
 async def test_a_change_is_written_at_once_whatever_the_refresh(bus: Bus):
     clock = _Clock()
-    recorder = HealthRecorder(
-        bus, driver="sim.dra-suite.io", node="node-a", refresh_s=REFRESH_S, clock=clock
-    )
+    recorder = _recorder(bus, clock)
     records = _records()
     recorder.set(records)
     assert await recorder.flush()
     clock.now += 1.0
-    changed = health_pb2.DeviceHealth()
-    changed.CopyFrom(records["npu-7"])
-    changed.state = health_pb2.HEALTH_STATE_UNHEALTHY
-    recorder.set({**records, "npu-7": changed})  # a new record: given ones are not changed
+    records["npu-7"].state = health_pb2.HEALTH_STATE_UNHEALTHY
+    recorder.set(records)
     assert await recorder.flush(device="npu-7")
     stored = (await recorder.existing())["npu-7"]
     assert stored.state == health_pb2.HEALTH_STATE_UNHEALTHY
@@ -91,9 +91,7 @@ async def test_a_change_is_written_at_once_whatever_the_refresh(bus: Bus):
 
 async def test_a_flush_is_due_only_for_records_given_since_or_a_refresh(bus: Bus):
     clock = _Clock()
-    recorder = HealthRecorder(
-        bus, driver="sim.dra-suite.io", node="node-a", refresh_s=REFRESH_S, clock=clock
-    )
+    recorder = _recorder(bus, clock)
     records = _records()
     recorder.set(records)
     assert recorder.due()

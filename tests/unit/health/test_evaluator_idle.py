@@ -18,6 +18,7 @@ from services.health.evaluator import HealthEvaluator
 from services.health.policy import Health, PolicySettings, Taint
 from shared.pb.drasuite.v1 import health_pb2
 from shared.vendors.parts.observation import Fault, Observation, Observations
+from tests.unit.health.evaluator_sink import Sink
 
 DRIVER = "sim.dra-suite.io"
 NODE = "node-a"
@@ -69,17 +70,6 @@ class Taints:
 
     def answers_from(self) -> tuple[object, ...]:
         return (self.available, tuple(sorted(self.drained.items())))
-
-
-class Sink:
-    def __init__(self) -> None:
-        self.sent: list[Any] = []
-
-    def emit(self, item: Any, **_: Any) -> None:
-        self.sent.append(item)
-
-    def publish(self, item: Any, **_: Any) -> None:
-        self.sent.append(item)
 
 
 class Clock:

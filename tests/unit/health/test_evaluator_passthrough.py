@@ -14,6 +14,7 @@ from services.health.policy import DeviceState, Health, PolicySettings, Taint
 from services.health.recorder import to_record
 from shared.pb.drasuite.v1 import health_pb2, inventory_pb2
 from shared.vendors.parts.observation import Observation, Observations
+from tests.unit.health.evaluator_sink import Sink
 
 DRIVER = "sim.dra-suite.io"
 NODE = "node-a"
@@ -56,17 +57,6 @@ class Taints:
 
     def answers_from(self) -> tuple[object, ...]:
         return ()
-
-
-class Sink:
-    def __init__(self) -> None:
-        self.sent: list[Any] = []
-
-    def emit(self, item: Any, **_: Any) -> None:
-        self.sent.append(item)
-
-    def publish(self, item: Any, **_: Any) -> None:
-        self.sent.append(item)
 
 
 def evaluator(recorder: Recorder | None = None) -> tuple[HealthEvaluator, Recorder, Taints]:
