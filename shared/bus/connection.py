@@ -30,6 +30,7 @@ from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 from shared import metrics, nats_auth, telemetry
 from shared.backoff import Backoff
 from shared.bus import convergence, origin, records, signing, streams
+from shared.bus.client import ClosingClient
 from shared.bus.connect_watch import ConnectProgress, ConnectStalledError
 from shared.bus.subjects import Names
 from shared.cancellation import reraise_if_cancelling
@@ -274,7 +275,7 @@ class Bus:
             options["inbox_prefix"] = self.inbox_prefix
         # nats-py types these as int and takes floats (its own `nats.connect` is untyped).
         options |= {"reconnect_time_wait": 0.25, "connect_timeout": self.settings.connect_timeout_s}
-        nc = NATSClient()
+        nc = ClosingClient()
         attempt = asyncio.ensure_future(
             nc.connect(
                 servers,
@@ -307,6 +308,7 @@ class Bus:
                     task.cancel()  # a TLS close can wait for a peer that never answers
                 elif not task.cancelled():
                     task.exception()  # retrieved here; what failed the connect is raised
+            nc.abort_socket()
             raise
         return nc
 

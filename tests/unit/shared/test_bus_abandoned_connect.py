@@ -110,3 +110,59 @@ async def test_a_tls_handshake_that_times_out_does_not_stop_the_connect_for_good
             with contextlib.suppress(asyncio.CancelledError):
                 await runner
         assert not bus.connected.is_set()
+
+
+class _DroppingServer:
+    """Serves the first connection until the client is connected, then hangs up; every later
+    connection gets INFO and silence, so each reconnect attempt times out. Records, per
+    connection, whether the client closed its end."""
+
+    def __init__(self) -> None:
+        self.closed_by_client: list[asyncio.Event] = []
+        self.third_attempt = asyncio.Event()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        closed = asyncio.Event()
+        self.closed_by_client.append(closed)
+        writer.write(f"INFO {json.dumps(_INFO)}\r\n".encode())
+        if len(self.closed_by_client) == 1:
+            received = b""
+            while b"PING\r\n" not in received:
+                received += await reader.read(4096)
+            writer.write(b"PONG\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.2)
+            writer.close()
+            return
+        if len(self.closed_by_client) == 4:
+            self.third_attempt.set()
+        while await reader.read(4096):
+            pass
+        closed.set()
+        writer.close()
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[str]:
+        server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        try:
+            yield f"nats://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        finally:
+            server.close()
+
+
+async def test_each_failed_reconnect_attempt_closes_its_socket_before_the_next_one() -> None:
+    # nats-py opens each reconnect attempt on the previous attempt's transport and leaves
+    # the old socket to the garbage collector: one open file per attempt through an outage.
+    server = _DroppingServer()
+    async with server.running() as url:
+        bus = Bus(NATSSettings(url=url, connect_timeout_s=0.2), name="reconnecting")
+        runner = asyncio.create_task(bus.run())
+        try:
+            await asyncio.wait_for(server.third_attempt.wait(), 10)
+            earlier_attempts = server.closed_by_client[1:3]
+            await asyncio.wait_for(asyncio.gather(*(c.wait() for c in earlier_attempts)), 2)
+        finally:
+            runner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await runner
+            await bus.close()
