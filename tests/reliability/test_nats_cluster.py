@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import nats
 import nats.errors
+import nats.js.errors
 import pytest
 import structlog
 from nats.js import api
@@ -196,6 +198,18 @@ async def _stop(bus: Bus, task: asyncio.Task[None]) -> None:
     await bus.close()
 
 
+async def _once_answering(publish: Callable[[], Awaitable[object]]) -> None:
+    """Publish to a stream just created: on a loaded machine its new leader may not take
+    publishes yet (no responders), for a moment."""
+    for _ in range(100):
+        try:
+            await publish()
+            return
+        except nats.js.errors.NoStreamResponseError:
+            await asyncio.sleep(0.2)
+    await publish()
+
+
 async def test_one_replica_buckets_and_stream_grow_to_three_in_place_keeping_their_data(
     short_tmp: Path,
 ):
@@ -206,13 +220,16 @@ async def test_one_replica_buckets_and_stream_grow_to_three_in_place_keeping_the
         names = Names("")
         # A fresh cluster elects its stream leaders while a loaded machine runs other tests.
         js = client.jetstream(timeout=30)
-        await (await js.create_key_value(bucket=names.inventory_bucket)).put("d.n", b"inventory")
+        kv = await js.create_key_value(bucket=names.inventory_bucket)
+        await _once_answering(lambda: kv.put("d.n", b"inventory"))
         await js.add_stream(
             api.StreamConfig(
                 name="ALERTS", subjects=["dra.alerts.>"], max_age=3600.0, duplicate_window=120.0
             )
         )
-        await js.publish("dra.alerts.d.n", b"alert", headers={"Nats-Msg-Id": "a-1"})
+        await _once_answering(
+            lambda: js.publish("dra.alerts.d.n", b"alert", headers={"Nats-Msg-Id": "a-1"})
+        )
         await client.close()
 
         new, task = await _bus(cluster.url, SERVERS)
