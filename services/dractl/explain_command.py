@@ -34,6 +34,7 @@ from services.dractl.explain_manifest import (
     admin_access_problem,
     read_manifest,
 )
+from shared import yamlload
 from shared.config import KubeSettings, from_args
 from shared.errors import DraSuiteError, KubeNotFoundError
 from shared.kube import resources
@@ -98,7 +99,7 @@ def _documents(args: argparse.Namespace) -> list[Any] | None:
         return None
     try:
         text = sys.stdin.read() if args.filename == "-" else Path(args.filename).read_text()
-        return list(yaml.safe_load_all(text))
+        return yamlload.load_all(text)
     except (OSError, yaml.YAMLError) as exc:
         raise ExplainInputError(f"{args.filename}: {exc}") from exc
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from services.health.rules import FaultRules, default_rules, from_mapping, ignoring
+from shared import yamlload
 from shared.errors import ConfigError
 
 __all__ = ["load"]
@@ -37,7 +38,7 @@ def _read(path: str, base: FaultRules) -> FaultRules:
     if not path:
         return base
     try:
-        document = yaml.safe_load(Path(path).read_text())
+        document = yamlload.load(Path(path).read_text())
     except OSError as exc:
         raise ConfigError(f"policy file {path}: {exc.strerror}", field="policy_file") from exc
     except yaml.YAMLError as exc:

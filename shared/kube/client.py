@@ -23,7 +23,7 @@ from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.config.config_exception import ConfigException
 from opentelemetry import trace
 
-from shared import metrics, telemetry
+from shared import metrics, telemetry, yamlload
 from shared.config import KubeSettings
 from shared.errors import ConfigError, KubeError, KubeNotFoundError, KubeTransientError
 from shared.kube import errors
@@ -377,7 +377,7 @@ def _check_kubeconfig(path: str) -> None:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"kubeconfig {path}: cannot read it: {exc}", field="kubeconfig") from exc
     try:
-        data = yaml.safe_load(text)
+        data = yamlload.load(text)
     except yaml.YAMLError as exc:
         problem = str(exc).splitlines()[0]
         if isinstance(exc, yaml.MarkedYAMLError) and exc.problem and exc.problem_mark:

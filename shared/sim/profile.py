@@ -20,12 +20,10 @@ from typing import Any
 
 import yaml
 
-from shared import quantity
+from shared import quantity, yamlload
 from shared.errors import ConfigError
 from shared.vendors.nvidia.mig import H100_80GB
 
-# libyaml when PyYAML has it (the wheels do): a profile parses about ten times faster.
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 # Profiles parsed in this process, by path and content: the agents of one process (discovery
 # and health, or a simulated fleet's thousands) share one parse. A profile is never changed
 # in place (a reload parses the new content).
@@ -123,7 +121,7 @@ def load(name_or_path: str) -> SimProfile:
     if (parsed := _parsed.get((str(path), text))) is not None:
         return parsed
     try:
-        document = yaml.load(text, Loader=_YAML_LOADER)
+        document = yamlload.load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"sim profile {path}: not YAML: {exc}", field="sim_profile") from exc
     parsed = parse(document, source=str(path))
