@@ -27,10 +27,10 @@ from nats.js.api import KeyValueConfig
 
 from bench import results_file
 from bench.stats import percentile
+from devcluster.certify import certified_writer
 from devcluster.natsserver import NATSServerProcess
 from services.natsauth.keys import SigningKey, new_signing_seed
-from shared import signature_settings
-from shared.bus import codec, signing
+from shared.bus import codec
 from shared.bus.subjects import Names
 from shared.pb.drasuite.v1 import health_pb2, inventory_pb2
 
@@ -41,24 +41,12 @@ _DEVICES = 8
 _N = Names("")
 
 
-def _writer(auth: SigningKey, role: str, node: str, now: float) -> signing.WriterKey:
-    key = signing.WriterKey()
-    cert = signing.Certificate(
-        node=node, role=role, key=key.public, not_before=int(now) - 60, not_after=int(now) + 21600
-    )
-    key.install(
-        signing.issue_certificate(cert, auth=auth),
-        auth_key=signature_settings.decode_auth_key(auth.public),
-        role=role,
-        node=node,
-        now=now,
-    )
-    return key
-
-
 def _records(auth: SigningKey, node: str, now: float) -> list[tuple[str, bytes, dict[str, str]]]:
     """The node's inventory and health records as its agents sign them: (subject, data, headers)."""
-    discovery, health = _writer(auth, "discovery", node, now), _writer(auth, "health", node, now)
+    discovery, health = (
+        certified_writer(auth, role=role, node=node, now=now, lifetime_s=21600)
+        for role in ("discovery", "health")
+    )
     inventory = inventory_pb2.Inventory(driver=_DRIVER, node=node, pool=node, generation=1)
     for index in range(_DEVICES):
         inventory.devices.add(name=f"gpu-{index}", kind="gpu")

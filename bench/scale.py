@@ -33,7 +33,9 @@ Phases and figures (merged into bench/results.json):
 - memory: `scale_nats_server_rss_mb` (the largest server), `scale_apiserver_rss_mb`,
   `scale_etcd_rss_mb`, `scale_auth_rss_mb`, `scale_sim_rss_mb_per_node`;
   `scale_dractl_health_all_s` (`dractl health --all-nodes -o json` as a process; on the secure
-  bus as an operator, checking every record's signature).
+  bus as an operator, checking every record's signature), and again with the simulated agents
+  paused (`scale_dractl_health_all_agents_paused_s`), as on a fleet whose agents run on their
+  own nodes.
 """
 
 from __future__ import annotations
@@ -45,12 +47,13 @@ import json
 import os
 import random
 import resource
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -434,8 +437,21 @@ async def _audit(bus: Bus) -> Counter[str]:
 
 async def _dractl_health_all(fleet: Fleet) -> dict[str, float]:
     """`dractl health --all-nodes -o json` as an operator runs it: its wall time on this
-    machine (shared with the fleet's agents) and its own CPU, which is what it would take on
-    an operator's machine of its own."""
+    machine shared with the fleet's agents, and its own CPU, which is what it would take on
+    an operator's machine of its own. Then once more with the simulated agents paused
+    (SIGSTOP, for seconds: well inside their servers' ping deadline), as on a real fleet
+    whose agents run on their own nodes: the NATS servers and the records are the same."""
+    wall_s, cpu_s = await _dractl_run(fleet)
+    figures = {"scale_dractl_health_all_s": wall_s, "scale_dractl_health_all_cpu_s": cpu_s}
+    with _paused(fleet.worker_pids()):
+        wall_s, cpu_s = await _dractl_run(fleet)
+    figures["scale_dractl_health_all_agents_paused_s"] = wall_s
+    figures["scale_dractl_health_all_agents_paused_cpu_s"] = cpu_s
+    return figures
+
+
+async def _dractl_run(fleet: Fleet) -> tuple[float, float]:
+    """One `dractl health --all-nodes`: (wall s, its CPU s)."""
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
     process = await asyncio.create_subprocess_exec(
@@ -455,14 +471,26 @@ async def _dractl_health_all(fleet: Fleet) -> dict[str, float]:
     if process.returncode != 0:
         raise RuntimeError(f"dractl health --all-nodes: {err.decode()[-300:]}")
     counts = json.loads(out)["counts"]
-    if process.returncode != 0 or counts["nodes"] != fleet.nodes:
+    if counts["nodes"] != fleet.nodes:
         raise RuntimeError(f"dractl health --all-nodes: {counts} {err.decode()[-500:]}")
     spent = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu_s = spent.ru_utime + spent.ru_stime - children.ru_utime - children.ru_stime
-    return {
-        "scale_dractl_health_all_s": round(elapsed, 2),
-        "scale_dractl_health_all_cpu_s": round(cpu_s, 2),
-    }
+    return round(elapsed, 2), round(cpu_s, 2)
+
+
+@contextlib.contextmanager
+def _paused(pids: Iterable[int]) -> Iterator[None]:
+    """The processes stopped (SIGSTOP) inside the block, continued after it, however it ends."""
+    stopped: list[int] = []
+    try:
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+            stopped.append(pid)
+        yield
+    finally:
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
 
 
 async def measure(

@@ -15,9 +15,9 @@ import nkeys  # type: ignore[import-untyped]  # ships no type hints
 import pytest
 from nats.js.api import KeyValueConfig
 
+from devcluster.certify import certified_writer
 from services.natsauth.keys import SigningKey, new_signing_seed
-from shared import signature_settings
-from shared.bus import reading, signing
+from shared.bus import reading
 from shared.bus.connection import Bus
 from shared.bus.subjects import Names, token
 from shared.config import NATSSettings
@@ -28,21 +28,6 @@ pytestmark = pytest.mark.integration
 DRIVER = "sim.dra-suite.io"
 NODES = 75
 DEVICES = 8  # 600 records: more than are checked on the event loop alone
-
-
-def _writer(auth: SigningKey, node: str, now: float) -> signing.WriterKey:
-    key = signing.WriterKey()
-    cert = signing.Certificate(
-        node=node, role="health", key=key.public, not_before=int(now) - 60, not_after=int(now) + 600
-    )
-    key.install(
-        signing.issue_certificate(cert, auth=auth),
-        auth_key=signature_settings.decode_auth_key(auth.public),
-        role="health",
-        node=node,
-        now=now,
-    )
-    return key
 
 
 @contextlib.asynccontextmanager
@@ -66,7 +51,12 @@ async def test_a_forged_and_a_tampered_record_among_hundreds_are_left_out(
         new_signing_seed(nkeys.PREFIX_BYTE_OPERATOR), nkeys.PREFIX_BYTE_OPERATOR
     )
     names, now = Names(nats_settings.namespace), time.time()
-    writers = {f"node-{i:03d}": _writer(auth, f"node-{i:03d}", now) for i in range(NODES)}
+    writers = {
+        f"node-{i:03d}": certified_writer(
+            auth, role="health", node=f"node-{i:03d}", now=now, lifetime_s=600
+        )
+        for i in range(NODES)
+    }
     records = []
     for node, writer in writers.items():
         for index in range(DEVICES):

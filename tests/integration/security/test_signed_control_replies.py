@@ -20,10 +20,9 @@ import nkeys  # type: ignore[import-untyped]  # ships no type hints
 import pytest
 from nats.aio.msg import Msg
 
+from devcluster.certify import certify
 from devcluster.natsserver import NATSServerProcess
 from services.natsauth.keys import SigningKey, new_signing_seed
-from shared import signature_settings
-from shared.bus import signing
 from shared.bus.connection import Bus, ControlRequest
 from shared.config import NATSSettings
 from shared.errors import ReplyRefusedError
@@ -51,15 +50,7 @@ def _certify(bus: Bus, *, role: str, node: str) -> None:
     """Install a certificate for the bus's writer key, as the auth service would issue it."""
     writer = bus.records.writer
     assert writer is not None
-    now = int(time.time())
-    cert = signing.Certificate(
-        node=node, role=role, key=writer.public, not_before=now - 60, not_after=now + 3600
-    )
-    writer.install(
-        signing.issue_certificate(cert, auth=AUTH),
-        auth_key=signature_settings.decode_auth_key(AUTH.public),
-        role=role, node=node, now=time.time(),
-    )  # fmt: skip
+    certify(writer, AUTH, role=role, node=node, now=time.time())
 
 
 @contextlib.asynccontextmanager

@@ -9,6 +9,7 @@ import nacl.signing
 import nkeys  # type: ignore[import-untyped]  # ships no type hints
 import pytest
 
+from devcluster.certify import certified_writer
 from services.natsauth import certifier, permissions
 from services.natsauth.identity import Identity
 from services.natsauth.keys import SigningKey, new_signing_seed
@@ -32,19 +33,9 @@ HEALTH_B = N.kv_subject(N.health_bucket, N.health_key(DRIVER, "node-b", "gpu-0")
 def writer(
     role: str, node: str, *, auth: SigningKey = AUTH, lifetime_s: int = 3600
 ) -> signing.WriterKey:
-    key = signing.WriterKey()
-    cert = signing.Certificate(
-        node=node, role=role, key=key.public, not_before=NOW, not_after=NOW + lifetime_s
+    return certified_writer(
+        auth, role=role, node=node, now=NOW, lifetime_s=lifetime_s, backdated_s=0
     )
-    text = signing.issue_certificate(cert, auth=auth)
-    key.install(
-        text,
-        auth_key=signature_settings.decode_auth_key(auth.public),
-        role=role,
-        node=node,
-        now=NOW,
-    )
-    return key
 
 
 def verifier(auth: SigningKey = AUTH) -> signing.Verifier:
