@@ -134,10 +134,13 @@ class SimBackend:
     def from_profile(
         cls, name_or_path: str, *, poll_s: float = 0.5, sysfs: Sysfs | None = None
     ) -> SimBackend:
-        """Load a profile (ConfigError when it is missing or invalid) and follow its file."""
+        """Load a profile (ConfigError when it is missing or invalid) and follow its file,
+        unless it is one the package ships: package data changes only with the package, and
+        a fleet of sim nodes would otherwise stat it twice a second each."""
         path = resolve(name_or_path)
         loaded = profile.load(str(path))
-        return cls(list(loaded.devices), path=path, poll_s=poll_s, sysfs=sysfs)
+        followed = None if path.resolve().parent == profile.PROFILES_DIR.resolve() else path
+        return cls(list(loaded.devices), path=followed, poll_s=poll_s, sysfs=sysfs)
 
     @property
     def devices(self) -> list[SimDevice]:
@@ -160,11 +163,13 @@ class SimBackend:
         return Scan(devices=tuple(devices), shared_counters=tuple(counter_sets))
 
     async def watch(self) -> None:
-        """Eternal: poll the profile file; a changed, valid file replaces the device set."""
-        while True:
+        """Eternal: poll the profile file, if one is followed; a changed, valid file replaces
+        the device set."""
+        if self.path is None:
+            await asyncio.Event().wait()  # nothing to follow: hot-plugs come through the API
+        while self.path is not None:
             await asyncio.sleep(self.poll_s)
-            if self.path is not None:
-                await self._check_file(self.path)
+            await self._check_file(self.path)
 
     async def _check_file(self, path: Path) -> None:
         # Inline: one stat of a local file costs microseconds, a thread hop many times that.

@@ -9,6 +9,7 @@ import pytest
 
 from shared.errors import BackendUnavailableError
 from shared.pb.drasuite.v1 import inventory_pb2
+from shared.sim import profile
 from shared.sim.profile import SimDevice, SimDeviceNode, VersionValue
 from shared.vendors.sim import discovery as sim
 
@@ -124,6 +125,24 @@ async def test_profile_file_change_is_picked_up_as_hot_plug(tmp_path: Path):
     path.write_text(PROFILE + "- name: dev-1\n  kind: npu\n")
     await _watch_until_changed(backend)
     assert [d.name for d in (await backend.scan()).devices] == ["dev-0", "dev-1"]
+
+
+def test_a_shipped_profile_is_not_followed_and_a_profile_file_of_ones_own_is(tmp_path: Path):
+    assert sim.SimBackend.from_profile("ascend-910b").path is None
+    shipped = profile.PROFILES_DIR / "ascend-910b.yaml"
+    assert sim.SimBackend.from_profile(str(shipped)).path is None
+    own = tmp_path / "ascend-910b.yaml"
+    own.write_text(shipped.read_text())
+    assert sim.SimBackend.from_profile(str(own)).path == own
+
+
+async def test_a_backend_following_no_file_waits_for_ever():
+    backend = sim.SimBackend([_device("dev-0")], poll_s=0.001)
+    watcher = asyncio.create_task(backend.watch())
+    await asyncio.sleep(0.05)
+    assert not watcher.done()
+    watcher.cancel()
+    assert not backend.changed.is_set()
 
 
 async def test_invalid_profile_file_keeps_the_last_devices(tmp_path: Path):
