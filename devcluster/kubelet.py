@@ -91,6 +91,8 @@ class KubeletEmulator:
         self.info: reg.PluginInfo | None = None
         self.dra_version = ""
         self._channel: grpc.aio.Channel | None = None
+        self._last_miss = ""
+        """Why the last socket tried did not register, for the error when none does."""
         self._failed_sockets: set[tuple[Path, int, int]] = set()
         """Sockets (path, inode, ctime) recorded as registered although their handler failed."""
 
@@ -99,14 +101,17 @@ class KubeletEmulator:
     ) -> reg.PluginInfo:
         """Find the plugin's registration socket (waiting for it) and register it."""
         deadline = time.monotonic() + timeout_s
+        self._last_miss = ""
         while True:
             for socket_path in self._registration_sockets():
                 info = await self._try_register(socket_path, driver=driver)
                 if info is not None:
                     return info
             if time.monotonic() >= deadline:
+                missed = f" (the last one tried: {self._last_miss})" if self._last_miss else ""
                 raise KubeletError(
                     f"no registration socket for {driver or 'any driver'} in {self.registry_dir}"
+                    f" answered in {timeout_s:g} s{missed}"
                 )
             await asyncio.sleep(0.05)
 
@@ -128,9 +133,12 @@ class KubeletEmulator:
             stub = reg_grpc.RegistrationStub(channel)
             try:
                 info = await stub.GetInfo(reg.InfoRequest(), timeout=_GET_INFO_TIMEOUT_S)
-            except grpc.aio.AioRpcError:
-                return None  # not serving (yet); the kubelet retries on its next reconcile
+            except grpc.aio.AioRpcError as exc:
+                # Not serving (yet); the kubelet retries on its next reconcile.
+                self._last_miss = f"{socket_path.name}: GetInfo {exc.code().name}"
+                return None
             if driver is not None and info.name != driver:
+                self._last_miss = f"{socket_path.name}: serves {info.name}"
                 return None
             try:
                 self.dra_version = self._validate(info)
