@@ -428,18 +428,23 @@ async def _audit(bus: Bus, *, expected: set[str]) -> Counter[str]:
     )
     seen: Counter[str] = Counter()
     give_up_at = time.monotonic() + _AUDIT_PATIENCE_S
-    while True:
-        try:
-            batch = await subscription.fetch(1000, timeout=3)
-        except (nats.errors.TimeoutError, TimeoutError):
-            if expected <= set(seen) or time.monotonic() >= give_up_at:
-                return seen
-            continue
-        for msg in batch:
-            alert = codec.decode_json(alert_pb2.Alert, msg.data, subject=msg.subject)
-            key = alert.id if alert.id.startswith("burst-") else f"{alert.node}/{alert.device}"
-            seen[f"{key}/{alert.status}"] += 1
-            await msg.ack()
+    try:
+        while True:
+            try:
+                batch = await subscription.fetch(1000, timeout=3)
+            except (nats.errors.TimeoutError, TimeoutError):
+                if expected <= set(seen) or time.monotonic() >= give_up_at:
+                    return seen
+                continue
+            for msg in batch:
+                alert = codec.decode_json(alert_pb2.Alert, msg.data, subject=msg.subject)
+                key = alert.id if alert.id.startswith("burst-") else f"{alert.node}/{alert.device}"
+                seen[f"{key}/{alert.status}"] += 1
+                await msg.ack()
+    finally:
+        # A timed-out fetch's late answer waits in the subscription's queue with nobody to
+        # read it, and the harness's closing drain would wait on it in vain.
+        await subscription.unsubscribe()
 
 
 async def _dractl_health_all(fleet: Fleet) -> dict[str, float]:
