@@ -120,7 +120,7 @@ class Fleet:
         if self.secure:
             self.bus = SecureBus(self.workdir, self.api)
         auth = self.bus.server_auth() if self.bus is not None else None
-        self.nats = NATSCluster(self.workdir / "nats", size=3, auth=auth)
+        self.nats = NATSCluster(self.workdir / "nats", size=3, auth=auth, keep_logs=True)
 
     @property
     def profile(self) -> BusProfile:

@@ -39,11 +39,14 @@ class NATSCluster:
         size: int = 3,
         auth: ServerAuth | None = None,
         own_process_group: bool = False,
+        keep_logs: bool = False,
     ) -> None:
+        """`keep_logs`: each server appends its whole log to `nats-server.log` in its store."""
         if size < 1:
             raise ValueError(f"a cluster needs at least one server, not {size}")
         self._root, self._size = root, size
         self._auth, self._own_process_group = auth, own_process_group
+        self._keep_logs = keep_logs
         self._assign_ports()
 
     def _assign_ports(self) -> None:
@@ -59,6 +62,7 @@ class NATSCluster:
                 port=free_port(),
                 auth=self._auth,
                 own_process_group=self._own_process_group,
+                log_file=root / f"n{index}" / "nats-server.log" if self._keep_logs else None,
                 extra_args=(
                     *("--server_name", f"n{index}", "--cluster_name", CLUSTER_NAME),
                     *("--cluster", f"nats://127.0.0.1:{route_ports[index]}"),

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TextIO
 
 from devcluster.extra import DEVCLUSTER_INSTALL
 from devcluster.natsauth import ServerAuth, render_config
@@ -58,8 +59,13 @@ class NATSServerProcess:
         extra_args: tuple[str, ...] = (),
         auth: ServerAuth | None = None,
         own_process_group: bool = False,
+        log_file: Path | None = None,
     ) -> None:
         self.store_dir = store_dir
+        self.log_file = log_file
+        """Every line the server logs is also appended here (a long run's whole log, where
+        `log_text` keeps its first lines); None: memory only."""
+        self._log_out: TextIO | None = None
         self.own_process_group = own_process_group
         """Its own process group: a Ctrl-C meant for the stack does not stop the bus under the
         agents while they drain."""
@@ -127,6 +133,9 @@ class NATSServerProcess:
             process_group=0 if self.own_process_group else None,
         )
         self._process = process
+        if self.log_file is not None:
+            self.log_file.parent.mkdir(parents=True, exist_ok=True)
+            self._log_out = self.log_file.open("a", encoding="utf-8")
         deadline = time.monotonic() + timeout_s
         port: int | None = None
         assert process.stderr is not None
@@ -138,7 +147,7 @@ class NATSServerProcess:
                         f"nats-server exited with {process.returncode}: {''.join(self._log_lines)}"
                     )
                 continue
-            self._log_lines.append(line)
+            self._keep(line)
             if match := _LISTEN.search(line):
                 port = int(match.group(1))
             if _READY in line and port is not None:
@@ -152,8 +161,14 @@ class NATSServerProcess:
     def _drain(self, process: subprocess.Popen[str]) -> None:
         assert process.stderr is not None
         for line in process.stderr:
-            if len(self._log_lines) < 10_000:
-                self._log_lines.append(line)
+            self._keep(line)
+
+    def _keep(self, line: str) -> None:
+        if len(self._log_lines) < 10_000:
+            self._log_lines.append(line)
+        if self._log_out is not None:
+            self._log_out.write(line)
+            self._log_out.flush()
 
     def stop(self) -> None:
         process, self._process = self._process, None
@@ -184,6 +199,9 @@ class NATSServerProcess:
             drainer.join(5)
         if process.stderr is not None:
             process.stderr.close()
+        log_out, self._log_out = self._log_out, None
+        if log_out is not None:
+            log_out.close()
 
     def restart(self) -> None:
         self.stop()
