@@ -9,34 +9,7 @@ from services.natsauth.keys import SigningKey
 from shared import signature_settings
 from shared.bus import signing
 
-__all__ = ["certified_writer", "certify"]
-
-
-def certify(
-    writer: signing.WriterKey,
-    auth: SigningKey,
-    *,
-    role: str,
-    node: str,
-    now: float,
-    lifetime_s: int = 3600,
-    backdated_s: int = 60,
-) -> signing.Certificate:
-    """Certify `writer` for `role` on `node` from `now - backdated_s` to `now + lifetime_s`."""
-    cert = signing.Certificate(
-        node=node,
-        role=role,
-        key=writer.public,
-        not_before=int(now) - backdated_s,
-        not_after=int(now) + lifetime_s,
-    )
-    return writer.install(
-        signing.issue_certificate(cert, auth=auth),
-        auth_key=signature_settings.decode_auth_key(auth.public),
-        role=role,
-        node=node,
-        now=now,
-    )
+__all__ = ["certified_writer"]
 
 
 def certified_writer(
@@ -47,10 +20,23 @@ def certified_writer(
     now: float,
     lifetime_s: int = 3600,
     backdated_s: int = 60,
+    writer: signing.WriterKey | None = None,
 ) -> signing.WriterKey:
-    """A new writer key, certified as `certify` does."""
-    writer = signing.WriterKey()
-    certify(
-        writer, auth, role=role, node=node, now=now, lifetime_s=lifetime_s, backdated_s=backdated_s
+    """`writer` (a new key unless given), certified for `role` on `node` from
+    `now - backdated_s` to `now + lifetime_s`."""
+    writer = writer if writer is not None else signing.WriterKey()
+    cert = signing.Certificate(
+        node=node,
+        role=role,
+        key=writer.public,
+        not_before=int(now) - backdated_s,
+        not_after=int(now) + lifetime_s,
+    )
+    writer.install(
+        signing.issue_certificate(cert, auth=auth),
+        auth_key=signature_settings.decode_auth_key(auth.public),
+        role=role,
+        node=node,
+        now=now,
     )
     return writer

@@ -143,9 +143,9 @@ class NATSServerProcess:
             line = process.stderr.readline()
             if not line:
                 if process.poll() is not None:
-                    raise NATSServerError(
-                        f"nats-server exited with {process.returncode}: {''.join(self._log_lines)}"
-                    )
+                    logged = "".join(self._log_lines)
+                    self.stop()  # releases its pipe and log file
+                    raise NATSServerError(f"nats-server exited with {process.returncode}: {logged}")
                 continue
             self._keep(line)
             if match := _LISTEN.search(line):

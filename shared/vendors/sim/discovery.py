@@ -165,11 +165,13 @@ class SimBackend:
     async def watch(self) -> None:
         """Eternal: poll the profile file, if one is followed; a changed, valid file replaces
         the device set."""
-        if self.path is None:
+        path = self.path
+        if path is None:
             await asyncio.Event().wait()  # nothing to follow: hot-plugs come through the API
-        while self.path is not None:
+            return
+        while True:
             await asyncio.sleep(self.poll_s)
-            await self._check_file(self.path)
+            await self._check_file(path)
 
     async def _check_file(self, path: Path) -> None:
         # Inline: one stat of a local file costs microseconds, a thread hop many times that.

@@ -20,7 +20,7 @@ import nkeys  # type: ignore[import-untyped]  # ships no type hints
 import pytest
 from nats.aio.msg import Msg
 
-from devcluster.certify import certify
+from devcluster.certify import certified_writer
 from devcluster.natsserver import NATSServerProcess
 from services.natsauth.keys import SigningKey, new_signing_seed
 from shared.bus.connection import Bus, ControlRequest
@@ -50,7 +50,7 @@ def _certify(bus: Bus, *, role: str, node: str) -> None:
     """Install a certificate for the bus's writer key, as the auth service would issue it."""
     writer = bus.records.writer
     assert writer is not None
-    certify(writer, AUTH, role=role, node=node, now=time.time())
+    certified_writer(AUTH, role=role, node=node, now=time.time(), writer=writer)
 
 
 @contextlib.asynccontextmanager
