@@ -21,9 +21,10 @@ Phases and figures (merged into bench/results.json):
   agents published (`scale_steady_nats_msgs_per_node_min`, from each server's client
   connections), each shared process's CPU (`scale_steady_cpu_s_*`);
 - the same window again with the machine busy (`scale_steady_busy_*`): a CPU hog process per
-  core, as other work on a node would run; on the open bus, the consumer creations seen
-  (`scale_watch_restarts`: each KV watch (re)start creates one) and what the agents published
-  there, by subject family (`scale_steady_busy_subjects`);
+  core, as other work on a node would run; on the open bus, the KV watch (re)starts seen
+  (`scale_watch_restarts`: a node agent's watch of a pattern of keys lists them with a stream
+  info request at each (re)start, any other watch creates a consumer) and what the agents
+  published there, by subject family (`scale_steady_busy_subjects`);
 - prepares: claims prepared and unprepared at an even pace through the allocation agents'
   DRA gRPC sockets, as the kubelet calls them (bench.scale_prepares);
 - a fault storm, 10 % of all devices failing within 10 s through the agents' fault control:
@@ -256,11 +257,11 @@ async def _steady(fleet: Fleet, bus: Bus, *, seconds: float) -> dict[str, Any]:
 
 
 def _watch_figures(prefix: str, seen: Counter[str], *, enabled: bool) -> dict[str, Any]:
-    """Consumer creations and published subjects, which only the open bus lets us see."""
+    """Watch (re)starts and published subjects, which only the open bus lets us see."""
     if not enabled:
         return {}
     return {
-        f"{prefix}_watch_restarts": seen["$JS.API.CONSUMER.CREATE"],
+        f"{prefix}_watch_restarts": seen["$JS.API.CONSUMER.CREATE"] + seen["$JS.API.STREAM.INFO"],
         f"{prefix}_subjects": dict(seen.most_common(8)),
     }
 

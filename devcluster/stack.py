@@ -74,7 +74,8 @@ class StackConfig:
     replicas (`--nats-cluster 3`)."""
     nats_watch_heartbeat_s: float | None = None
     """The agents' `--nats-watch-heartbeat-s`; None: their default. A test that kills servers
-    sets a short one, so a watch whose consumer died restarts within seconds."""
+    sets a short one, so a consumer watch (the quota auditor's) whose consumer died restarts
+    within seconds; the node agents' watches hold no consumer."""
     extra_args: tuple[tuple[str, tuple[str, ...]], ...] = ()
     """More flags per agent, e.g. `(("health", ("--kube-request-timeout-s", "1")),)`."""
     cdi_dir: Path | None = None

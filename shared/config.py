@@ -134,8 +134,9 @@ class NATSSettings:
     watch_heartbeat_s: float = setting(
         20.0,
         flag="--nats-watch-heartbeat-s",
-        help="Idle heartbeat of each KV watch's consumer; a watch that hears nothing for 3 "
-        "heartbeats (its consumer's server died) starts again.",
+        help="Idle heartbeat of a KV watch's consumer (dractl's, the quota auditor's; a node "
+        "agent's watch holds none); a watch that hears nothing for 3 heartbeats (its "
+        "consumer's server died) starts again.",
     )
     bus_signatures: str = setting(
         "off",

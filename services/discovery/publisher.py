@@ -145,7 +145,6 @@ class InventoryPublisher:
             self.bus,
             bucket=self.bus.names.inventory_bucket,
             keys=self.key,
-            purpose="watch",
             restore=self._restore,
             counter=instruments.INVENTORY_REASSERTED,
             records="inventory",

@@ -5,7 +5,7 @@ unchanged one about every `refresh_s`, at a jittered time so that a fleet starte
 not rewrite together) and deletes records of devices that left. While NATS is down the wanted
 records simply wait for the next flush; after every (re)connect the node's keys are resynced.
 
-`guard()` watches the node's keys (`shared.bus.ownkeys`, its own consumer `guard`): when a record
+`guard()` watches the node's keys (`shared.bus.ownkeys`): when a record
 written here is emptied, deleted, replaced or refused by the record check (another node's
 redirected answer), it is put back at once, not at its next refresh; logged as
 `health_record_reasserted` (`security=true`) and counted in the counter the agent passes.
@@ -208,7 +208,6 @@ class HealthRecorder:
             self._bus,
             bucket=names.health_bucket,
             keys=names.health_keys(self._driver, self._node),
-            purpose="guard",
             restore=self._restore,
             counter=counter,
             records="health",

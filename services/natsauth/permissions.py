@@ -1,14 +1,15 @@
 """Identity -> NATS permissions: what each role may publish and subscribe to, subject by subject.
 
 Every subject comes from `shared.bus.subjects.Names`, and is one an agent's own call sends:
-KV puts (`$KV.<bucket>.<key>`), direct gets with the key in the API subject, its own named
-consumers (`<role>-<node>-<purpose>` and its second instance slot's name, the name and the
-filter in the API subject, and reading and deleting exactly those), JetStream publishes,
-control requests and their replies, and the request that
+KV puts (`$KV.<bucket>.<key>`), direct gets with the key in the API subject, subscriptions to
+its keys' republished copies (`dra.kv.<bucket>.<key>`) and its buckets' leader advisories (a
+node agent holds no consumer: `shared.bus.kvfollow`), JetStream publishes, control requests and
+their replies, and the request that
 has the auth service certify its writer key (`dra.auth.certify.<role>.<node>`: the subject
 alone tells the certifier who asks, so nobody else may publish it). A node's grants name its
 own driver/node tokens only. Nobody but the provisioner creates or updates a stream; nobody
-deletes or purges one or deletes a message: `DENIED` is added to every other identity. Each
+deletes or purges one or deletes a message, and only the server publishes republished copies
+and advisories: `DENIED` is added to every other identity. Each
 user JWT carries limits on subscriptions, data and payload (`Limits`), but nats-server (2.15)
 does not apply them to the users of an auth callout: what holds is the app account's
 per-connection `max_subscriptions` (256) and `max_payload` (1 MiB) in the server config, so
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.natsauth.identity import Identity
-from shared.bus.subjects import INSTANCE_SLOTS, Names
+from shared.bus.subjects import Names
 
 __all__ = [
     "AUDITOR",
@@ -49,6 +50,8 @@ _NEVER = (
     "$JS.API.STREAM.SNAPSHOT.>",
     "$JS.API.STREAM.RESTORE.>",
     "$JS.API.ACCOUNT.PURGE.>",
+    "$JS.EVENT.>",
+    Names.kv_followed("*", ">"),
 )
 DENIED = ("$JS.API.STREAM.CREATE.>", "$JS.API.STREAM.UPDATE.>", *_NEVER)
 
@@ -63,8 +66,9 @@ class Limits:
 
 
 _MIB = 1 << 20
-# An agent holds its inbox, its control subject and one subscription per watch; its largest
-# message is an inventory (the inventory bucket's max_msg_size).
+# An agent holds its inbox, its control subject and two subscriptions per watch (its keys'
+# republished copies and the stream's leader advisory); its largest message is an inventory
+# (the inventory bucket's max_msg_size).
 AGENT_LIMITS = Limits(subs=64, data=64 * _MIB, payload=1 * _MIB)
 OPERATOR_LIMITS = Limits(subs=256, data=256 * _MIB, payload=1 * _MIB)
 PROVISIONER_LIMITS = Limits(subs=8, data=1 * _MIB, payload=64 * 1024)
@@ -108,18 +112,15 @@ class _Grants:
         """Open the bucket (stream info): nats-py and the config check read it."""
         self.publish.append(self.names.js_stream_info(self.names.kv_stream(bucket)))
 
-    def read(
-        self, bucket: str, keys: Iterable[str], *, purposes: Iterable[str] = ("watch",)
-    ) -> None:
+    def read(self, bucket: str, keys: Iterable[str]) -> None:
+        """Follow `keys` (`shared.bus.kvfollow`): direct gets of them, stream info (to list a
+        pattern's keys), the stream's republished copies of them and its leader advisory."""
         self.bucket(bucket)
+        stream = self.names.kv_stream(bucket)
         for key in keys:
             self.publish.append(self.names.js_direct_get(bucket, key))
-            for purpose in purposes:
-                for slot in range(INSTANCE_SLOTS):
-                    name = self.names.consumer(self.role, self.node, purpose, slot)
-                    self.publish.append(self.names.js_consumer_create(bucket, key, consumer=name))
-                    self.publish.append(self.names.js_consumer_delete(bucket, name))
-                    self.publish.append(self.names.js_consumer_info(bucket, name))
+            self.subscribe.append(self.names.kv_followed(bucket, key))
+        self.subscribe.append(self.names.js_leader_elected(stream))
 
     def write(self, bucket: str, keys: Iterable[str]) -> None:
         self.bucket(bucket)
@@ -128,7 +129,7 @@ class _Grants:
     def build(self, inbox: str, *, allow_responses: bool = False) -> Permissions:
         return Permissions(
             publish=tuple(dict.fromkeys(self.publish)),
-            subscribe=(f"{inbox}.>", *self.subscribe),
+            subscribe=(f"{inbox}.>", *dict.fromkeys(self.subscribe)),
             allow_responses=allow_responses,
             inbox=inbox,
         )
@@ -161,11 +162,11 @@ def for_identity(identity: Identity, *, drivers: Iterable[str], names: Names) ->
                 grants.read(names.inventory_bucket, [inventory])
                 grants.read(names.health_bucket, [health])
                 grants.write(names.claims_bucket, [claims])
-                grants.read(names.claims_bucket, [claims], purposes=("watch", "guard"))
+                grants.read(names.claims_bucket, [claims])
             case "health":
-                grants.read(names.inventory_bucket, [inventory], purposes=("watch", "sim"))
+                grants.read(names.inventory_bucket, [inventory])
                 grants.write(names.health_bucket, [health])
-                grants.read(names.health_bucket, [health], purposes=("watch", "guard"))
+                grants.read(names.health_bucket, [health])
                 grants.read(names.claims_bucket, [claims])
                 grants.publish.append(names.js_stream_info(names.alerts_stream))
                 grants.publish.append(names.alerts(driver, node))
@@ -201,8 +202,8 @@ def _certifier(names: Names) -> Permissions:
 
 
 def _auditor(names: Names, replica: str) -> Permissions:
-    """Watch every key of each bucket through its own consumers (`auditor-<replica>-watch`,
-    the first instance slot's: the replica id is the process's own), and delete entries of
+    """Watch every key of each bucket through its own consumers (`auditor-<replica>-watch`:
+    the replica id is the process's own), and delete entries of
     the buckets whose keys a node chooses (health, claims); nothing else. The inventory's one
     key per node cannot go over its quota."""
     name = names.consumer(AUDITOR, replica, "watch")

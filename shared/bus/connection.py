@@ -32,6 +32,7 @@ from shared.backoff import Backoff
 from shared.bus import convergence, origin, records, signing, streams
 from shared.bus.client import ClosingClient
 from shared.bus.connect_watch import ConnectProgress, ConnectStalledError
+from shared.bus.kventry import stored_headers
 from shared.bus.subjects import Names
 from shared.cancellation import reraise_if_cancelling
 from shared.config import NATSSettings
@@ -194,8 +195,6 @@ class Bus:
         self.inbox_prefix = self.names.inbox_prefix(component, node) if component else ""
         self.component = component
         self.node = node
-        # (stream, consumer name) of the watches running: one name, one watch per process.
-        self.consumers_held: set[tuple[str, str]] = set()
         self.marker_ttl_s = streams.MARKER_TTL_S
         self.reconnects = 0
         self.connected = asyncio.Event()
@@ -612,8 +611,13 @@ class Bus:
             return None
         if raw.subject != subject:
             return None
-        stored = {k: v for k, v in (raw.headers or {}).items() if k not in _DIRECT_GET_HEADERS}
+        stored = stored_headers(raw.headers or {})
         data = raw.data or b""
+        if origin.is_jetstream_reply(reply="", headers=stored, data=data):
+            log.warning(
+                "kv_entry_dropped", subject=subject, reason="jetstream_reply", security=True
+            )
+            return None
         stored_at = raw.time.timestamp() if raw.time is not None else None
         if not self.records.check(subject, data, stored, stored_at=stored_at).ok:
             return None
@@ -629,13 +633,6 @@ class Bus:
         return self.records.check(
             msg.subject, msg.data or b"", msg.headers, stored_at=stored_at, event=event
         )
-
-
-# The headers a direct get adds to the stored message's own.
-_DIRECT_GET_HEADERS = frozenset(
-    {"Nats-Stream", "Nats-Subject", "Nats-Sequence", "Nats-Time-Stamp", "Nats-Num-Pending",
-     "Nats-Last-Sequence", "Nats-UpTo-Sequence"}
-)  # fmt: skip
 
 
 def _valid_key(key: str) -> bool:

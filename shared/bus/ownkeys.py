@@ -102,7 +102,7 @@ class ReassertPace:
 
 class OwnKeysGuard:
     """Watches `keys` of `bucket` (the owner's own) and has `restore` put back what another
-    writer left there; one watch, named for `purpose` (`kv.watch`)."""
+    writer left there; one watch (`kv.watch`)."""
 
     def __init__(
         self,
@@ -110,7 +110,6 @@ class OwnKeysGuard:
         *,
         bucket: str,
         keys: str,
-        purpose: str,
         restore: Restore,
         counter: Counter,
         records: str,
@@ -119,7 +118,6 @@ class OwnKeysGuard:
         self._bus = bus
         self._bucket = bucket
         self._keys = keys
-        self._purpose = purpose
         self._restore = restore
         self._counter = counter
         self._records = records
@@ -137,7 +135,7 @@ class OwnKeysGuard:
 
     async def _follow(self) -> None:
         async for change in kv.watch(
-            self._bus, bucket=self._bucket, keys=self._keys, purpose=self._purpose, rejected=True
+            self._bus, bucket=self._bucket, keys=self._keys, rejected=True
         ):
             if change.synced:
                 continue

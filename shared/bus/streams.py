@@ -10,6 +10,8 @@ open bus the first client), and agents refuse to run on a stream that differs fr
 - `discard: new` with `max_msgs_per_subject`: a full bucket refuses new keys, but replacing a
   key's value still succeeds (the old one goes), so nobody's records are pushed out.
 - `max_msg_size`, `max_bytes`: one value and one bucket are bounded.
+- `republish` to `dra.kv.<bucket>.>`: node agents follow their keys there instead of holding
+  consumers (`shared.bus.kvfollow`); only the server publishes there.
 - `allow_msg_ttl`: a delete marker carries `Nats-TTL` (`MARKER_TTL_S`) and then goes, so the
   claims bucket (a key per prepared claim, deleted at unprepare) does not grow with every
   claim ever prepared; with rollups off, nats-server would never remove those markers itself.
@@ -41,8 +43,8 @@ __all__ = [
 
 MAX_CONSUMERS = 50_000
 """Consumers a bucket or the alert stream may hold: at most the app account's `max_consumers`
-(nats-server refuses more), far above the 4 per node the inventory bucket holds (20,000 at
-5,000 nodes); nats-server 2.15 enforces 1,000 on a stream that sets none."""
+(nats-server refuses more). Node agents hold none (`shared.bus.kvfollow`); operators, the quota
+auditors and alert readers do. nats-server 2.15 enforces 1,000 on a stream that sets none."""
 
 MARKER_TTL_S = 300
 """How long a delete marker stays: a watcher that is connected sees it; one that (re)starts
@@ -128,6 +130,8 @@ def kv_stream(bucket: str, *, replicas: int) -> dict[str, Any]:
         "discard": "new",
         "allow_direct": True,
         "allow_msg_ttl": True,
+        # What it stores, also to where node agents follow their keys (`kvfollow`).
+        "republish": {"src": Names.kv_subject(bucket, ">"), "dest": Names.kv_followed(bucket, ">")},
     }
 
 

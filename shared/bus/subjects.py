@@ -9,20 +9,12 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-__all__ = ["INSTANCE_SLOTS", "WATCH_PURPOSES", "Names", "Writer", "token"]
+__all__ = ["Names", "Writer", "token"]
 
 Writer = tuple[str, str]
 """Who alone may write a subject: (role, node as a subject token)."""
 
-WATCH_PURPOSES = ("watch", "sim", "guard")
-"""What a node agent watches a bucket for: `watch` (its one watch of that bucket), `sim` (the
-health agent's sim monitor, a second watch of the inventory) and `guard` (the health and
-allocation agents' watch of the keys they write, besides their listing of them:
-`shared.bus.ownkeys`)."""
-INSTANCE_SLOTS = 2
-"""Processes of one agent that may watch at once on one node: two while a rolling update with
-surge runs the new pod beside the old one. Each takes its own consumer names (`consumer`)."""
-_MAX_NODE_IN_NAME = 200
+_MAX_OWNER_IN_NAME = 200
 
 
 def token(name: str) -> str:
@@ -129,6 +121,17 @@ class Names:
         return f"$KV.{bucket}.{key}"
 
     @staticmethod
+    def kv_followed(bucket: str, key: str) -> str:
+        """Where the bucket's stream republishes what it stores on `key` (`key` may be a filter):
+        node agents follow their keys there (`shared.bus.kvfollow`); only the server publishes."""
+        return f"dra.kv.{bucket}.{key}"
+
+    @staticmethod
+    def js_leader_elected(stream: str) -> str:
+        """JetStream's advisory that `stream` elected a leader."""
+        return f"$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.{stream}"
+
+    @staticmethod
     def js_stream_info(stream: str) -> str:
         return f"$JS.API.STREAM.INFO.{stream}"
 
@@ -151,16 +154,14 @@ class Names:
         return f"$JS.API.CONSUMER.DELETE.KV_{bucket}.{consumer}"
 
     @staticmethod
-    def consumer(role: str, node: str, purpose: str, slot: int = 0) -> str:
-        """The name of a node agent's watch in instance slot `slot`: `<role>-<node>-<purpose>`,
-        with the slot's number after the purpose from the second slot on (`...-watch1`). Role
-        and purpose are fixed words without `-`, so the node part between them is never
-        ambiguous; a node name too long for a consumer name (255 characters) is replaced by its
-        digest."""
-        owner = token(node)
-        if len(owner) > _MAX_NODE_IN_NAME:
-            owner = "h" + hashlib.sha256(node.encode()).hexdigest()[:40]
-        return f"{role}-{owner}-{purpose}{slot or ''}"
+    def consumer(role: str, owner: str, purpose: str) -> str:
+        """The name of a watch's consumer that its owner alone may create (the quota auditor's:
+        `auditor-<replica>-watch`); an owner too long for a consumer name (255 characters) is
+        replaced by its digest."""
+        name = token(owner)
+        if len(name) > _MAX_OWNER_IN_NAME:
+            name = "h" + hashlib.sha256(owner.encode()).hexdigest()[:40]
+        return f"{role}-{name}-{purpose}"
 
     @staticmethod
     def js_consumer_info(bucket: str, consumer: str) -> str:

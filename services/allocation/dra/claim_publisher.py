@@ -10,7 +10,7 @@ the checkpoint. Pods come from the claim's `status.reservedFor` as read by the p
 prepare did not read the claim (a repeat, a restart), the pods are kept from the KV value, or
 looked up (a claim GET) by this task, off the prepare path.
 
-`guard()` watches the node's keys (`shared.bus.ownkeys`, its own consumer `guard`): a claim's
+`guard()` watches the node's keys (`shared.bus.ownkeys`): a claim's
 value written here that is emptied, deleted, replaced or refused by the record check (another
 node's redirected answer) is put back at once; logged as `prepared_claim_reasserted`
 (`security=true`), counted in `dra_prepared_claims_reasserted_total{reason}`.
@@ -195,7 +195,6 @@ class PreparedClaimPublisher:
             self._bus,
             bucket=names.claims_bucket,
             keys=names.claim_keys(self._driver, self._node),
-            purpose="guard",
             restore=self._restore,
             counter=instruments.PREPARED_CLAIMS_REASSERTED,
             records="prepared_claims",

@@ -98,9 +98,7 @@ class SimMonitor:
     async def _watch_inventory(self) -> None:
         names = self._bus.names
         key = names.inventory_key(self._driver, self._node)
-        async for change in kv.watch(
-            self._bus, bucket=names.inventory_bucket, keys=key, purpose="sim"
-        ):
+        async for change in kv.watch(self._bus, bucket=names.inventory_bucket, keys=key):
             if change.synced or change.key != key:
                 continue
             if change.value is None:

@@ -1,8 +1,9 @@
 """Node A's credentials against node B on the secured bus (auth callout, provisioned streams).
 
 Attacks 2-5 of the compromised-node review: a rollup on one's own key, reshaping a bucket,
-redirecting another node's watch, and filling the bus. The attacker uses node A's real tokens
-with a plain nats-py client; what is asserted is that B's records stay as B wrote them.
+reading, feeding or redirecting another node's watch, and filling the bus. The attacker uses
+node A's real tokens with a plain nats-py client; what is asserted is that B's records stay as
+B wrote them.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from typing import Any
 import nats.errors
 import nats.js.errors
 import pytest
-from nats.js import api
 
 from devcluster.apiserver import APIServerEmulator
 from devcluster.natsserver import NATSServerProcess
@@ -123,28 +123,27 @@ async def test_another_nodes_watch_can_be_neither_taken_nor_fed(
             watching = asyncio.create_task(follow())
             try:
                 await eventually(lambda: seen == [b"genuine"])
-                name = N.consumer("allocation", B, "watch")
-                # What the monitoring port showed the attacker: the name and its inbox.
-                operator = stack.settings(await stack.token(OPERATOR))
-                async with connected(operator, component="operator") as admin:
-                    stream = N.kv_stream(N.inventory_bucket)
-                    deliver = (await admin.js.consumer_info(stream, name)).config.deliver_subject
-                assert deliver
                 discovery_a = await stack.agent_settings("dra-discovery", A)
                 async with connected(discovery_a, component="discovery", node=A) as writer_a:
                     await writer_a.kv_put(N.inventory_bucket, INVENTORY_A, b"forged for B")
                 token = await stack.token("dra-allocation", node=A)
                 inbox = N.inbox_prefix("allocation", A)
+                followed_b = N.kv_followed(N.inventory_bucket, INVENTORY_B)
                 async with raw_client(stack, token, inbox=inbox) as attacker:
-                    # B's consumer, by its exact name, re-created on A's key, or deleted: refused.
-                    stolen = N.js_consumer_create(N.inventory_bucket, INVENTORY_A, consumer=name)
-                    await attacker.nc.publish(stolen, b"{}", reply=f"{inbox}.r1")
-                    await attacker.violation("publish", stolen)
-                    removed = N.js_consumer_delete(N.inventory_bucket, name)
-                    await attacker.nc.publish(removed, b"", reply=f"{inbox}.r2")
-                    await attacker.violation("publish", removed)
-                    # A's own consumer, pushing A's key into B's watch inbox: delivered, dropped.
-                    await _feed(attacker.nc, deliver=deliver)
+                    # B's followed copies: neither to be read nor written by A.
+                    await attacker.nc.subscribe(followed_b)
+                    await attacker.violation("subscription", followed_b)
+                    await attacker.nc.publish(followed_b, b"forged for B")
+                    await attacker.violation("publish", followed_b)
+                    # A consumer on B's key, under any name: refused (node agents hold none).
+                    watch_b = N.js_consumer_create(N.inventory_bucket, INVENTORY_B, consumer="w")
+                    await attacker.nc.publish(watch_b, b"{}", reply=f"{inbox}.r1")
+                    await attacker.violation("publish", watch_b)
+                    # A's own direct get, answered by JetStream onto B's followed subject:
+                    # delivered (nats-server does not check a reply subject), dropped.
+                    own = N.js_direct_get(N.inventory_bucket, INVENTORY_A)
+                    await attacker.nc.publish(own, b"", reply=followed_b)
+                    await attacker.nc.flush()
                 dropped = ("kv_entry_dropped", "not_this_watch")
                 await eventually(
                     lambda: [e for e in bus_events if (e["event"], e.get("reason")) == dropped]
@@ -156,18 +155,6 @@ async def test_another_nodes_watch_can_be_neither_taken_nor_fed(
                 watching.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await watching
-
-
-async def _feed(nc: nats.aio.client.Client, *, deliver: str) -> None:
-    """As node A's allocation agent: its own consumer name and key, B's deliver subject."""
-    js = nc.jetstream(timeout=2)
-    config = api.ConsumerConfig(
-        name=N.consumer("allocation", A, "watch"), deliver_subject=deliver,
-        filter_subject=N.kv_subject(N.inventory_bucket, INVENTORY_A),
-        deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT, ack_policy=api.AckPolicy.NONE,
-        mem_storage=True, inactive_threshold=10.0,
-    )  # fmt: skip
-    await js.add_consumer(N.kv_stream(N.inventory_bucket), config=config)
 
 
 async def test_one_node_cannot_hoard_consumers_subscriptions_or_oversized_values(

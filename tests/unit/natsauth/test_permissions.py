@@ -25,8 +25,8 @@ def health(node: str) -> str:
     return N.health_keys(DRIVER, node)
 
 
-def watch(role: str, bucket: str, keys: str, purpose: str = "watch") -> str:
-    return N.js_consumer_create(bucket, keys, consumer=N.consumer(role, "node-a", purpose))
+def follows(bucket: str, keys: str) -> str:
+    return N.kv_followed(bucket, keys)
 
 
 OWN_CALLS = {
@@ -38,22 +38,11 @@ OWN_CALLS = {
         "discovery",
         N.js_direct_get(N.inventory_bucket, inventory("node-a")),
     ),
-    "discovery watches its health": (
+    "discovery reads its health records": (
         "discovery",
-        watch("discovery", N.health_bucket, health("node-a")),
+        N.js_direct_get(N.health_bucket, health("node-a")),
     ),
-    "allocation watches its inventory": (
-        "allocation",
-        watch("allocation", N.inventory_bucket, inventory("node-a")),
-    ),
-    "the sim monitor watches its inventory": (
-        "health",
-        watch("health", N.inventory_bucket, inventory("node-a"), "sim"),
-    ),
-    "allocation deletes its own consumer": (
-        "allocation",
-        N.js_consumer_delete(N.claims_bucket, N.consumer("allocation", "node-a", "watch")),
-    ),
+    "allocation lists its claims": ("allocation", N.js_stream_info(N.kv_stream(N.claims_bucket))),
     "allocation writes its claims": (
         "allocation",
         N.kv_subject(N.claims_bucket, N.claim_keys(DRIVER, "node-a")),
@@ -63,24 +52,50 @@ OWN_CALLS = {
     "health opens the alert stream": ("health", N.js_stream_info(N.alerts_stream)),
     "health reads its claims": (
         "health",
-        watch("health", N.claims_bucket, N.claim_keys(DRIVER, "node-a")),
-    ),
-    "health guards its records": (
-        "health",
-        watch("health", N.health_bucket, health("node-a"), "guard"),
-    ),
-    "allocation guards its claims": (
-        "allocation",
-        watch("allocation", N.claims_bucket, N.claim_keys(DRIVER, "node-a"), "guard"),
+        N.js_direct_get(N.claims_bucket, N.claim_keys(DRIVER, "node-a")),
     ),
     "the operator injects faults anywhere": ("operator", N.control_wildcard),
     "the operator removes stale consumers": ("operator", "$JS.API.CONSUMER.DELETE.>"),
+}
+
+OWN_FOLLOWS = {
+    "discovery follows its inventory": (
+        "discovery",
+        follows(N.inventory_bucket, inventory("node-a")),
+    ),
+    "discovery follows its health records": (
+        "discovery",
+        follows(N.health_bucket, health("node-a")),
+    ),
+    "allocation follows its inventory": (
+        "allocation",
+        follows(N.inventory_bucket, inventory("node-a")),
+    ),
+    "allocation follows its claims": (
+        "allocation",
+        follows(N.claims_bucket, N.claim_keys(DRIVER, "node-a")),
+    ),
+    "health follows its inventory": ("health", follows(N.inventory_bucket, inventory("node-a"))),
+    "health follows its records": ("health", follows(N.health_bucket, health("node-a"))),
+    "health follows its claims": (
+        "health",
+        follows(N.claims_bucket, N.claim_keys(DRIVER, "node-a")),
+    ),
+    "health hears of a new claims leader": (
+        "health",
+        N.js_leader_elected(N.kv_stream(N.claims_bucket)),
+    ),
 }
 
 
 @pytest.mark.parametrize(("role", "subject"), OWN_CALLS.values(), ids=OWN_CALLS)
 def test_an_agent_may_make_its_own_calls(role: str, subject: str):
     assert subject in grants(role).publish
+
+
+@pytest.mark.parametrize(("role", "subject"), OWN_FOLLOWS.values(), ids=OWN_FOLLOWS)
+def test_an_agent_may_follow_its_own_keys(role: str, subject: str):
+    assert subject in grants(role).subscribe
 
 
 def test_no_node_agent_is_granted_anything_of_another_node():
@@ -110,30 +125,28 @@ def test_only_the_provisioner_shapes_streams_and_it_touches_no_message():
 
 
 @pytest.mark.parametrize("role", ["discovery", "allocation", "health"])
-def test_a_node_agent_names_each_consumer_exactly(role: str):
-    calls = [s for s in grants(role).publish if s.startswith("$JS.API.CONSUMER.")]
+def test_a_node_agent_holds_no_consumer(role: str):
+    assert not [s for s in grants(role).publish if s.startswith("$JS.API.CONSUMER.")]
+
+
+@pytest.mark.parametrize("role", ["discovery", "allocation", "health", "operator", "auditor"])
+def test_only_the_server_publishes_republished_copies_and_advisories(role: str):
+    denied = grants(role, node="node-a" if role != "operator" else "").claims()["pub"]["deny"]
+    assert "dra.kv.*.>" in denied
+    assert "$JS.EVENT.>" in denied
+    assert not [s for s in grants(role).publish if s.startswith(("dra.kv.", "$JS.EVENT."))]
+
+
+def test_the_auditor_names_its_consumer_exactly():
+    calls = [s for s in grants(permissions.AUDITOR).publish if ".CONSUMER." in s]
     assert calls
-    for subject in calls:
-        consumer = subject.split(".")[5]
-        assert consumer.startswith(f"{role}-node-a-"), subject
-        assert "*" not in consumer, subject
-        assert ">" not in consumer, subject
+    assert {s.split(".")[5] for s in calls} == {"auditor-node-a-watch"}
 
 
-def test_only_the_writer_of_a_bucket_guards_its_keys_there():
-    def guarded(role: str) -> set[str]:
-        creates = [s.split(".") for s in grants(role).publish if ".CONSUMER.CREATE." in s]
-        return {parts[4] for parts in creates if parts[5].endswith("-guard")}
-
-    assert guarded("discovery") == set()
-    assert guarded("allocation") == {N.kv_stream(N.claims_bucket)}
-    assert guarded("health") == {N.kv_stream(N.health_bucket)}
-
-
-def test_consumer_names_of_two_nodes_never_meet():
-    # A node named like another's name plus a purpose still gets a name of its own.
-    assert N.consumer("health", "a-sim", "watch") != N.consumer("health", "a", "sim")
-    assert len(N.consumer("discovery", "n" * 253, "watch")) < 255
+def test_consumer_names_of_two_owners_never_meet():
+    # An owner named like another's name plus a purpose still gets a name of its own.
+    assert N.consumer("auditor", "a-sim", "watch") != N.consumer("auditor", "a", "sim")
+    assert len(N.consumer("auditor", "n" * 253, "watch")) < 255
 
 
 def test_every_user_jwt_is_limited():
@@ -153,12 +166,25 @@ def test_no_user_jwt_claims_more_than_the_account_holds_every_connection_to(role
     assert claims["payload"] <= APP_MAX_PAYLOAD
 
 
-def test_every_identity_subscribes_only_to_its_own_inbox_and_control():
-    assert grants("discovery").subscribe == ("_INBOX.discovery.node-a.>",)
-    assert grants("health").subscribe == (
+def test_every_identity_subscribes_only_to_its_inbox_control_and_own_keys():
+    def elected(bucket: str) -> str:
+        return N.js_leader_elected(N.kv_stream(bucket))
+
+    assert grants("discovery").subscribe == (
+        "_INBOX.discovery.node-a.>",
+        N.kv_followed(N.inventory_bucket, inventory("node-a")),
+        elected(N.inventory_bucket),
+        N.kv_followed(N.health_bucket, health("node-a")),
+        elected(N.health_bucket),
+    )
+    assert set(grants("health").subscribe) == {
         "_INBOX.health.node-a.>",
         N.node_control(DRIVER, "node-a"),
-    )
+        *(elected(bucket) for bucket in N.buckets),
+        N.kv_followed(N.inventory_bucket, inventory("node-a")),
+        N.kv_followed(N.health_bucket, health("node-a")),
+        N.kv_followed(N.claims_bucket, N.claim_keys(DRIVER, "node-a")),
+    }
     assert grants("operator").subscribe == ("_INBOX.operator.>",)
 
 
