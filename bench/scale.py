@@ -15,11 +15,11 @@ Phases and figures (merged into bench/results.json):
   bottleneck; `scale_converge_cpu_ms_per_node`: the agents' CPU per node), the API requests the
   fleet made (`scale_api_requests_per_node`), and on the secure bus the connections the auth
   service admitted per second (`scale_auth_connects_per_s`);
-- at rest for `--steady-s`, once the health agents write no faster than their refreshes
-  (`scale_settle_s` after convergence): API requests (watches aside) and writes
-  (`scale_steady_api_writes_60s`, `scale_steady_api_requests_per_node_min`), messages the
-  agents published (`scale_steady_nats_msgs_per_node_min`, from each server's client
-  connections), each shared process's CPU (`scale_steady_cpu_s_*`);
+- at rest for `--steady-s`, once every agent has finished starting and the health agents write
+  no faster than their refreshes (`scale_settle_s` after convergence): API requests (watches
+  aside) and writes (`scale_steady_api_writes_60s`, `scale_steady_api_requests_per_node_min`),
+  messages the agents published (`scale_steady_nats_msgs_per_node_min`, from each server's
+  client connections), each shared process's CPU (`scale_steady_cpu_s_*`);
 - the same window again with the machine busy (`scale_steady_busy_*`): a CPU hog process per
   core, as other work on a node would run; on the open bus, the KV watch (re)starts seen
   (`scale_watch_restarts`: a node agent's watch of a pattern of keys lists them with a stream
@@ -70,6 +70,7 @@ from shared import logging
 from shared.bus import codec
 from shared.bus.connection import Bus
 from shared.bus.session import open_bus
+from shared.bus.subjects import Names
 from shared.config import LogSettings
 from shared.errors import DraSuiteError
 from shared.kube import resources
@@ -86,6 +87,8 @@ _AUDIT = "scale-audit"
 _AUDIT_PATIENCE_S = 180.0
 _SETTLE_S = 15.0
 _SETTLE_WINDOW_S = 10.0
+_SETTLED_MSGS_PER_NODE_MIN = 0.05
+_SERVER_SENT = ("_INBOX.", Names.kv_followed("", "").removesuffix("."), "$JS.EVENT.")
 _PROGRESS_EVERY_S = 15.0
 _STORM_QUIET_S = 5.0
 _HEALTH_REFRESH_S = 600.0  # the health agents' default --health-refresh-s
@@ -167,19 +170,25 @@ async def _health_seq(bus: Bus) -> int:
     return int(info.state.last_seq)
 
 
-async def _settle(bus: Bus, *, devices: int, timeout_s: float) -> float:
-    """Seconds until the health agents write no faster than their refreshes (every record
-    about once per `_HEALTH_REFRESH_S`): converged inventories and slices come before every
-    health agent has written its first records and evaluated the inventory."""
+async def _settle(fleet: Fleet, bus: Bus, *, timeout_s: float) -> float:
+    """Seconds until the fleet is at rest: the health agents write no faster than their
+    refreshes (every record about once per `_HEALTH_REFRESH_S`), and the other agents have
+    finished starting (together under `_SETTLED_MSGS_PER_NODE_MIN`). Converged inventories and
+    slices come before every health agent has written its first records and evaluated the
+    inventory, and before the last allocation agents, slowed by a loaded start, have read their
+    keys."""
     start = time.monotonic()
+    devices = fleet.nodes * DEVICES_PER_NODE
     at_rest = devices * _SETTLE_WINDOW_S / _HEALTH_REFRESH_S * 2 + 5
-    before = await _health_seq(bus)
+    quiet = _SETTLED_MSGS_PER_NODE_MIN * fleet.nodes * _SETTLE_WINDOW_S / 60.0
+    before, sent_before = await _health_seq(bus), await asyncio.to_thread(fleet.client_msgs)
     while time.monotonic() - start < timeout_s:
         await asyncio.sleep(_SETTLE_WINDOW_S)
-        now = await _health_seq(bus)
-        if now - before <= at_rest:
+        now, sent = await _health_seq(bus), await asyncio.to_thread(fleet.client_msgs)
+        others = sum(sent[a] - sent_before[a] for a in sent if a != "health")
+        if now - before <= at_rest and abs(others) <= quiet:
             break
-        before = now
+        before, sent_before = now, sent
     return round(time.monotonic() - start, 1)
 
 
@@ -227,7 +236,7 @@ def _start_requests(calls: Counter[str], *, nodes: int, probes: int) -> dict[str
 
 async def _steady(fleet: Fleet, bus: Bus, *, seconds: float) -> dict[str, Any]:
     # The first health records and evaluations of a fresh start are not "at rest".
-    settle_s = await _settle(bus, devices=fleet.nodes * DEVICES_PER_NODE, timeout_s=300.0)
+    settle_s = await _settle(fleet, bus, timeout_s=300.0)
     await fleet.api.mark()
     cpu_before = _cpu(fleet)
     async with _published(bus, enabled=fleet.bus is None) as seen:
@@ -294,14 +303,15 @@ def _family(subject: str) -> str:
 @contextlib.asynccontextmanager
 async def _published(bus: Bus, *, enabled: bool = True) -> AsyncIterator[Counter[str]]:
     """What clients publish (the open bus lets a `>` subscription see it, the secure one lets
-    nobody), by subject family; the server's deliveries to inboxes aside."""
+    nobody), by subject family; what the server sends (deliveries to inboxes, the buckets'
+    republished copies, advisories) aside."""
     seen: Counter[str] = Counter()
     if not enabled:
         yield seen
         return
 
     async def count(msg: Msg) -> None:
-        if not msg.subject.startswith("_INBOX."):
+        if not msg.subject.startswith(_SERVER_SENT):
             seen[_family(msg.subject)] += 1
 
     subscription = await bus.nc.subscribe(">", cb=count)

@@ -36,6 +36,8 @@ class ClosingClient(Client):
     @staticmethod
     def _parse_header_lines(raw: bytes) -> dict[str, str]:
         headers = Client._parse_header_lines(raw)
+        if not any(raw.count(name) > 1 for name in _REPEATABLE):
+            return headers  # nearly every message: no line to look at again
         first: dict[str, str] = {}
         for line in raw.split(b"\r\n"):
             name, sep, value = line.partition(b":")
