@@ -67,8 +67,7 @@ their API and NATS requests time out, and retry."""
 NODES_PER_WORKER = 1000
 _TLS_READ_BUFFER = 32 * 1024
 _CONNECT_WAIT_S = 60.0
-"""The longest a node holds the start gate waiting for its agents' first connects and its
-slices."""
+"""The longest a node holds the start gate waiting for its agents' first connects."""
 AGENT_SETS = {
     "all": ("discovery", "health", "allocation"),
     "discovery+health": ("discovery", "health"),
@@ -321,20 +320,15 @@ class NodeAgents:
                     await agent.open(resources)
                     agent.spawn(tg)
                     self.agents.append(agent)
-                # The gate holds a node until its agents are on the bus and its slices are
-                # published: they connect and start in the background, and a whole worker's
-                # TLS handshakes, bucket checks and first reads at once on one event loop
-                # outlast their timeouts and are all tried again, and again.
+                # The gate holds a node until its agents are on the bus: they connect in the
+                # background, and a whole worker's TLS handshakes at once on one event loop
+                # outlast their connect timeout and are all tried again, and again.
+                self.opening[node] = "bus"
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(_CONNECT_WAIT_S):
-                        self.opening[node] = "bus"
                         for agent in opened:
                             if agent.bus is not None:
                                 await agent.bus.connected.wait()
-                        self.opening[node] = "slices"
-                        for agent in opened:
-                            if isinstance(agent, DiscoveryAgent):
-                                await agent.published.wait()
                 del self.opening[node]
 
         await asyncio.gather(*(start(i) for i in range(self.first, self.first + self.count)))

@@ -26,9 +26,9 @@ from services.natsauth.agent import AuthService
 from services.natsauth.config import AuthServiceConfig
 from services.natsauth.keys import SigningKey, XKey, new_signing_seed, new_xkey_seed
 from services.natsauth.tokenreview import TokenReviewer
-from shared.bus.connection import Bus
 from shared.config import KubeSettings, NATSSettings
 from shared.supervisor import run_agent
+from tests.buses import connected
 
 __all__ = [
     "AGENTS",
@@ -233,23 +233,6 @@ async def callout_stack(
         finally:
             server.stop()  # also when the service hangs or fails: no server outlives the test
         assert code == 0
-
-
-@contextlib.asynccontextmanager
-async def connected(
-    settings: NATSSettings, *, component: str = "", node: str = "", timeout_s: float = 10.0
-) -> AsyncIterator[Bus]:
-    """A Bus of that identity, connected (or the test fails), closed afterwards."""
-    bus = Bus(settings, name=f"test-{component or 'client'}", component=component, node=node)
-    task = asyncio.create_task(bus.run(), name="bus-connector")
-    try:
-        await asyncio.wait_for(bus.connected.wait(), timeout_s)
-        yield bus
-    finally:
-        await bus.close()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 @dataclass

@@ -16,24 +16,11 @@ import structlog
 from shared.bus import kv, kvfollow
 from shared.bus.connection import Bus
 from shared.config import NATSSettings
+from tests.buses import connected
 
 pytestmark = pytest.mark.integration
 
 KEYS = "drv.node.*"
-
-
-@contextlib.asynccontextmanager
-async def _bus(settings: NATSSettings, **identity: str) -> AsyncIterator[Bus]:
-    bus = Bus(settings, name="follow-test", **identity)
-    runner = asyncio.create_task(bus.run())
-    try:
-        await asyncio.wait_for(bus.connected.wait(), 10)
-        yield bus
-    finally:
-        await bus.close()
-        runner.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await runner
 
 
 @contextlib.asynccontextmanager
@@ -69,8 +56,8 @@ def _values(seen: list[kv.KVChange]) -> list[tuple[str, bytes | None, bool]]:
 
 async def test_a_node_agent_and_an_operator_see_the_same_changes(nats_settings: NATSSettings):
     async with (
-        _bus(nats_settings, component="health", node="node") as node_bus,
-        _bus(nats_settings) as operator_bus,
+        connected(nats_settings, component="health", node="node") as node_bus,
+        connected(nats_settings) as operator_bus,
     ):
         bucket = node_bus.names.health_bucket
         await node_bus.kv_put(bucket, "drv.node.dev-0", b"a")
@@ -102,7 +89,7 @@ async def test_a_node_agent_and_an_operator_see_the_same_changes(nats_settings: 
 async def test_the_synced_marker_of_a_followed_pattern_comes_after_every_current_value(
     nats_settings: NATSSettings,
 ):
-    async with _bus(nats_settings, component="health", node="node") as bus:
+    async with connected(nats_settings, component="health", node="node") as bus:
         bucket = bus.names.health_bucket
         for i in range(5):
             await bus.kv_put(bucket, f"drv.node.dev-{i}", b"x")
@@ -125,7 +112,7 @@ async def test_only_the_streams_own_copy_of_a_followed_key_counts(nats_settings:
 async def _forged_and_stale_copies(
     nats_settings: NATSSettings, events: list[MutableMapping[str, Any]]
 ) -> None:
-    async with _bus(nats_settings, component="health", node="node") as bus:
+    async with connected(nats_settings, component="health", node="node") as bus:
         names, bucket = bus.names, bus.names.health_bucket
         stream, key = names.kv_stream(bucket), "drv.node.dev-0"
         revision = await _put(bus, key, b"genuine")
@@ -169,7 +156,7 @@ async def test_a_new_stream_leader_has_the_watch_read_its_keys_again(
     nats_settings: NATSSettings, monkeypatch: pytest.MonkeyPatch
 ):
     monkeypatch.setattr(kvfollow, "_REREAD_SPREAD_S", 0.1)
-    async with _bus(nats_settings, component="health", node="node") as bus:
+    async with connected(nats_settings, component="health", node="node") as bus:
         bucket, key = bus.names.health_bucket, "drv.node.dev-0"
         await bus.kv_put(bucket, key, b"v1")
         async with _watching(bus) as seen:
@@ -185,7 +172,7 @@ async def test_a_new_stream_leader_has_the_watch_read_its_keys_again(
 async def test_a_followed_watch_reads_again_after_a_reconnect(nats_server_factory: Any):
     server = nats_server_factory()
     settings = NATSSettings(url=server.url, namespace="f")
-    async with _bus(settings, component="health", node="node") as bus:
+    async with connected(settings, component="health", node="node") as bus:
         bucket, key = bus.names.health_bucket, "drv.node.dev-0"
         await bus.kv_put(bucket, key, b"before")
         async with _watching(bus) as seen:
