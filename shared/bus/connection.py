@@ -25,14 +25,14 @@ from nats.aio.client import Client as NATSClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
-from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
+from nats.js.kv import KV_DEL, KV_OP, KeyValue
 
 from shared import metrics, nats_auth, telemetry
 from shared.backoff import Backoff
 from shared.bus import convergence, origin, records, signing, streams
 from shared.bus.client import ClosingClient
 from shared.bus.connect_watch import ConnectProgress, ConnectStalledError
-from shared.bus.kventry import stored_headers
+from shared.bus.kventry import change_of, stored_headers
 from shared.bus.subjects import Names
 from shared.cancellation import reraise_if_cancelling
 from shared.config import NATSSettings
@@ -611,19 +611,13 @@ class Bus:
             return None
         if raw.subject != subject:
             return None
-        stored = stored_headers(raw.headers or {})
-        data = raw.data or b""
-        if origin.is_jetstream_reply(reply="", headers=stored, data=data):
-            log.warning(
-                "kv_entry_dropped", subject=subject, reason="jetstream_reply", security=True
-            )
-            return None
-        stored_at = raw.time.timestamp() if raw.time is not None else None
-        if not self.records.check(subject, data, stored, stored_at=stored_at).ok:
-            return None
-        if stored.get(KV_OP) in (KV_DEL, KV_PURGE):
-            return None
-        return data
+        change = change_of(
+            self, subject=subject, key=key, data=raw.data or b"",
+            headers=stored_headers(raw.headers or {}), revision=raw.seq or 0,
+            stored_at=raw.time.timestamp() if raw.time is not None else None,
+            replayed=True, rejected=False,
+        )  # fmt: skip
+        return change.value if change is not None else None
 
     def check_message(self, msg: Msg, *, event: str = "bus_message_dropped") -> records.Check:
         """`Records.check` of a stream message (an alert) as a consumer delivered it."""
