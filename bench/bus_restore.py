@@ -55,6 +55,7 @@ from services.natsauth.config import AuthServiceConfig
 from services.natsauth.keys import SigningKey, XKey, new_signing_seed, new_xkey_seed
 from shared.bus import codec, ownkeys
 from shared.bus.connection import Bus
+from shared.bus.session import open_bus
 from shared.bus.subjects import Names
 from shared.config import KubeSettings, LogSettings, NATSSettings
 from shared.logging import configure as configure_logging
@@ -134,17 +135,11 @@ class _Stack:
     @contextlib.asynccontextmanager
     async def bus(self, role: str, node: str = "") -> AsyncIterator[Bus]:
         account = _ACCOUNTS.get(role, _OPERATOR)
-        bus = Bus(await self.settings(account, node), name=f"bench-{role}", component=role,
-                  node=node)  # fmt: skip
-        task = asyncio.create_task(bus.run(), name="bus-connector")
-        try:
-            await asyncio.wait_for(bus.connected.wait(), 20)
+        settings = await self.settings(account, node)
+        async with open_bus(
+            settings, timeout_s=20, name=f"bench-{role}", component=role, node=node
+        ) as bus:
             yield bus
-        finally:
-            await bus.close()
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
 
 @contextlib.asynccontextmanager

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
 from shared.bus.connection import Bus
+from shared.bus.session import open_bus
 from shared.config import NATSSettings
 
 __all__ = ["connected"]
@@ -17,13 +17,8 @@ async def connected(
     settings: NATSSettings, *, component: str = "", node: str = "", timeout_s: float = 10.0
 ) -> AsyncIterator[Bus]:
     """A Bus of that identity, connected (or the test fails), closed afterwards."""
-    bus = Bus(settings, name=f"test-{component or 'client'}", component=component, node=node)
-    task = asyncio.create_task(bus.run(), name="bus-connector")
-    try:
-        await asyncio.wait_for(bus.connected.wait(), timeout_s)
+    name = f"test-{component or 'client'}"
+    async with open_bus(
+        settings, timeout_s=timeout_s, name=name, component=component, node=node
+    ) as bus:
         yield bus
-    finally:
-        await bus.close()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task

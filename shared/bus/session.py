@@ -17,9 +17,16 @@ __all__ = ["open_bus"]
 
 @contextlib.asynccontextmanager
 async def open_bus(
-    settings: NATSSettings, *, timeout_s: float = 5.0, name: str = "dractl"
+    settings: NATSSettings,
+    *,
+    timeout_s: float = 5.0,
+    name: str = "dractl",
+    component: str = "operator",
+    node: str = "",
 ) -> AsyncIterator[Bus]:
-    bus = Bus(settings, name=name, component="operator")
+    """A Bus of that identity (an operator's unless told), connected within `timeout_s` or
+    `BusUnavailableError`, drained and closed afterwards."""
+    bus = Bus(settings, name=name, component=component, node=node)
     connector = asyncio.create_task(bus.run(), name="bus-connector")
     try:
         try:
